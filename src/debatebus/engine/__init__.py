@@ -1,0 +1,29 @@
+"""The pure debate engine: definitions, protocols, transcript, judge and Φ̂. No I/O here."""
+
+from debatebus.engine.debate import Debate
+from debatebus.engine.definition import Budget, Judge, Participant, Utility, Verdict
+from debatebus.engine.phi import compute_phi_hat, interpret_phi_hat, tokenize
+from debatebus.engine.prompts import PROTOCOL_VERSION, PromptContext, Prompts
+from debatebus.engine.result import DebateResult, DebateState, Progress
+from debatebus.engine.transcript import Round, Transcript, Turn
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Budget",
+    "Debate",
+    "DebateResult",
+    "DebateState",
+    "Judge",
+    "Participant",
+    "Progress",
+    "PromptContext",
+    "Prompts",
+    "Round",
+    "Transcript",
+    "Turn",
+    "Utility",
+    "Verdict",
+    "compute_phi_hat",
+    "interpret_phi_hat",
+    "tokenize",
+]

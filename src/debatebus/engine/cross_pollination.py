@@ -1,0 +1,114 @@
+"""Cross-pollination: independent positions (1a), revisions after seeing the others (1b), then one
+synthesis that weighs each participant's utility instead of averaging. Phases run concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from debatebus.engine.definition import Participant
+from debatebus.engine.phi import compute_phi_hat
+from debatebus.engine.rules import utility_text
+from debatebus.engine.run import DebateFailure, Run
+from debatebus.engine.transcript import Round, Turn
+from debatebus.schemas.usage import ZERO_USAGE
+
+__all__ = ["run_cross_pollination"]
+
+AUDIENCE, POSITION, REVISION = 0, 1, 2
+
+
+def _committed(run: Run, number: int) -> Round | None:
+    return next((r for r in run.progress.rounds if r.number == number), None)
+
+
+def _positions_text(run: Run, texts: Mapping[str, str], exclude: str = "") -> str:
+    by_name = {p.name: p for p in run.spec.participants}
+    return "\n".join(
+        f"[{name}]{utility_text(by_name[name])} {text}"
+        for name, text in texts.items()
+        if name != exclude
+    )
+
+
+async def _audience(run: Run) -> str:
+    if not run.spec.audience:
+        return ""
+    rnd = _committed(run, AUDIENCE)
+    if rnd is None:
+        who = run.spec.audience_speaker
+        usage_before = await run.start_round(AUDIENCE, "audience")
+        ctx = run.context(who.name, AUDIENCE, "audience", audience=run.spec.audience)
+        response = await run.role_call(who, "audience", AUDIENCE, run.prompt("audience", ctx))
+        turn = Turn(
+            speaker=who.name, round=AUDIENCE, text=response.text, usage=response.usage or ZERO_USAGE
+        )
+        rnd = Round(number=AUDIENCE, turns=[turn], phase="audience")
+        await run.finish_round(rnd, usage_before, judged=False)
+    return f"Audience: {rnd.turns[0].text}\n"
+
+
+async def _phase(
+    run: Run,
+    number: int,
+    phase: str,
+    audience: str,
+    speakers: list[Participant],
+    texts: Mapping[str, str],
+) -> Round:
+    rnd = _committed(run, number)
+    if rnd is not None:
+        return rnd
+    usage_before = await run.start_round(number, phase)
+
+    async def turn(p: Participant) -> Turn:
+        ctx = run.context(
+            p.name,
+            number,
+            phase,
+            audience=audience,
+            utility=utility_text(p),
+            maximizes=p.utility.maximizes if p.utility else "",
+            penalizes=p.utility.penalizes if p.utility else "",
+            positions=_positions_text(run, texts, exclude=p.name),
+        )
+        return await run.speak(p, phase, number, run.prompt(phase, ctx))
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(turn(p)) for p in speakers]
+    except* DebateFailure as failures:
+        raise failures.exceptions[0] from None
+    turns = [t.result() for t in tasks]
+    run.all_failed(turns, number, phase)
+    rnd = Round(number=number, turns=turns, phase=phase)
+    run.satisfied = await run.finish_round(rnd, usage_before, judged=number == REVISION)
+    return rnd
+
+
+async def run_cross_pollination(run: Run) -> None:
+    await run.frame()
+    audience = await _audience(run)
+    positions = (
+        await _phase(run, POSITION, "position", audience, list(run.spec.participants), {})
+    ).texts()
+    if len(positions) == 1:
+        run.sole_output = next(iter(positions.values()))
+        return
+    survivors = [p for p in run.spec.participants if p.name in positions]
+    revision = await _phase(run, REVISION, "revision", audience, survivors, positions)
+    revised = {**positions, **revision.texts()}  # a failed revision falls back to its position
+    if run.spec.judge is None and run.spec.until is None:
+        run.satisfied = True
+    run.phi_hat = compute_phi_hat(positions, revised)
+    await run.emit_phi()
+    writer = run.spec.synthesis_speaker
+    assert writer is not None  # validated at construction
+    ctx = run.context(
+        writer.name,
+        REVISION,
+        "synthesis",
+        audience=audience,
+        positions=_positions_text(run, revised),
+    )
+    await run.synthesize(writer, "synthesis", ctx)

@@ -1,0 +1,43 @@
+"""Φ̂, the integration score: how much participants' word sets moved between two of their texts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Literal
+
+__all__ = ["compute_phi_hat", "interpret_phi_hat", "tokenize"]
+
+# Letters only (any script), so digits and punctuation never count as words.
+_WORD = re.compile(r"[^\W\d_]{3,}")
+
+
+def tokenize(text: str) -> set[str]:
+    """Case-folded words of three or more Unicode letters."""
+    return set(_WORD.findall(text.casefold()))
+
+
+def _jaccard_distance(a: set[str], b: set[str]) -> float:
+    union = a | b
+    if not union:
+        return 0.0
+    return 1.0 - len(a & b) / len(union)
+
+
+def compute_phi_hat(before: Mapping[str, str], after: Mapping[str, str]) -> float:
+    """Mean Jaccard distance over participants present on both sides (0.0 when there are none)."""
+    names = [name for name in before if name in after]
+    if not names:
+        return 0.0
+    total = sum(_jaccard_distance(tokenize(before[n]), tokenize(after[n])) for n in names)
+    return total / len(names)
+
+
+def interpret_phi_hat(
+    phi: float, high: float = 0.70, medium: float = 0.50
+) -> Literal["low", "medium", "high"]:
+    if phi >= high:
+        return "high"
+    if phi >= medium:
+        return "medium"
+    return "low"

@@ -1,0 +1,166 @@
+"""The shipped prompts and how templates are filled.
+
+Templates are ``str.format`` strings filled with named fields, or callables of a ``PromptContext``.
+The topic and the transcript are passed as *values*: ``str.format`` never expands braces inside a
+substituted value, so a topic like ``{input}`` or ``{{ x }}`` reaches the model unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from debatebus.exceptions import ConfigError
+
+__all__ = [
+    "CROSS_POLLINATION_PROMPTS",
+    "DEFAULT_PROMPTS",
+    "PROTOCOL_VERSION",
+    "PromptContext",
+    "Prompts",
+    "render_prompt",
+]
+
+# Bump when a shipped prompt or the protocol's shape changes: checkpoints record it (drift guard).
+PROTOCOL_VERSION = "1"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptContext:
+    """Everything a prompt may use. Fields are also the names available to string templates."""
+
+    topic: str
+    debate_name: str
+    speaker: str
+    round: int
+    framing: str
+    transcript: str
+    participants: str
+    word_limit: str
+    maximizes: str = ""
+    penalizes: str = ""
+    utility: str = ""
+    audience: str = ""
+    positions: str = ""
+    state: Any = None  # the DebateState, for callable prompts
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_fields(self) -> dict[str, Any]:
+        values = {name: getattr(self, name) for name in _TEMPLATE_FIELDS}
+        if self.extra:
+            values.update(self.extra)
+        return values
+
+
+_TEMPLATE_FIELDS = tuple(f.name for f in fields(PromptContext) if f.name not in ("extra", "state"))
+
+
+Template = str | Callable[[PromptContext], str]
+
+_OPENING = (
+    "Debate topic: {topic}\n{framing}\nYou are {speaker}. Round {round}: give your opening "
+    "position with your strongest arguments.{word_limit}\n\nTranscript so far:\n{transcript}"
+)
+_REBUTTAL = (
+    "Debate topic: {topic}\n{framing}\nYou are {speaker}. Round {round}: respond to the other "
+    "participants, rebut what you disagree with and refine your position.{word_limit}"
+    "\n\nTranscript so far:\n{transcript}"
+)
+_JUDGE = (
+    "Debate topic: {topic}\nParticipants: {participants}\nFull transcript:\n{transcript}\n\n"
+    "After round {round}, decide whether the participants have reached consensus. Answer with "
+    "JSON only, matching the requested schema."
+)
+_SYNTHESIS = (
+    "Debate topic: {topic}\nParticipants: {participants}\nFull transcript:\n{transcript}\n\n"
+    "Write a balanced synthesis: the points of agreement, the remaining tensions and a "
+    "recommendation.{word_limit}"
+)
+_FRAMING = (
+    "Debate topic: {topic}\nParticipants: {participants}\nFrame this debate in a few sentences: "
+    "the key question, what is at stake and what a good answer must address."
+)
+_AUDIENCE = (
+    "Debate topic: {topic}\nAudience: {audience}\nDescribe what this audience knows, needs and "
+    "cares about, so the participants can address it.{word_limit}"
+)
+_POSITION = (
+    "Topic: {topic}\n{framing}{audience}\nYou are {speaker}.{utility} State your independent "
+    "position.{word_limit}"
+)
+_REVISION = (
+    "Topic: {topic}\n{framing}{audience}\nYou are {speaker}.{utility} The other participants' "
+    "positions:\n{positions}\n\nRevise your position after considering theirs.{word_limit}"
+)
+_CROSS_SYNTHESIS = (
+    "Topic: {topic}\n{audience}Revised positions, with what each participant maximizes and "
+    "penalizes:\n{positions}\n\nDo not average the positions. Show the tensions between these "
+    "utilities and the equilibrium that best respects them.{word_limit}"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Prompts:
+    """Overrides for any shipped prompt; ``None`` keeps the default."""
+
+    opening: Template | None = None
+    rebuttal: Template | None = None
+    judge: Template | None = None
+    synthesis: Template | None = None
+    framing: Template | None = None
+    audience: Template | None = None
+    position: Template | None = None
+    revision: Template | None = None
+
+    def merged_over(self, base: Prompts) -> Prompts:
+        return Prompts(
+            **{f.name: getattr(self, f.name) or getattr(base, f.name) for f in fields(self)}
+        )
+
+    def get(self, name: str) -> Template:
+        template: Template | None = getattr(self, name)
+        if template is None:  # only reachable on an un-merged instance
+            raise ConfigError(f"no prompt named {name!r}")
+        return template
+
+
+DEFAULT_PROMPTS = Prompts(
+    opening=_OPENING,
+    rebuttal=_REBUTTAL,
+    judge=_JUDGE,
+    synthesis=_SYNTHESIS,
+    framing=_FRAMING,
+    audience=_AUDIENCE,
+    position=_POSITION,
+    revision=_REVISION,
+)
+# Cross-pollination's synthesis weighs utilities instead of reading a transcript.
+CROSS_POLLINATION_PROMPTS = Prompts(
+    **{
+        **{f.name: getattr(DEFAULT_PROMPTS, f.name) for f in fields(Prompts)},
+        "synthesis": _CROSS_SYNTHESIS,
+    }
+)
+
+
+def render_prompt(template: Template, ctx: PromptContext) -> str:
+    if callable(template):
+        return template(ctx)
+    try:
+        return template.format_map(ctx.as_fields())
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"prompt template {template[:60]!r}… uses {exc}, which is not a known field; use "
+            f"{sorted(ctx.as_fields())} (double braces for literal ones)"
+        ) from exc
+
+
+def validate_template(name: str, template: Template) -> None:
+    """Fail at construction, not mid-debate, on a template that names an unknown field."""
+    if callable(template):
+        return
+    probe = PromptContext("", "", "", 0, "", "", "", "")
+    render_prompt(template, probe)
+    if not isinstance(template, str):
+        raise ConfigError(f"prompt {name!r} must be a str.format template or a callable")

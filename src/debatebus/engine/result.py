@@ -1,0 +1,74 @@
+"""What a run produces (DebateResult), what ``until`` sees (DebateState), what resume needs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from debatebus.engine.transcript import Round, Transcript, Turn
+from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+
+__all__ = ["DebateResult", "DebateState", "Progress"]
+
+Status = Literal["completed", "failed"]
+
+
+@dataclass(slots=True)
+class DebateResult:
+    debate_id: str
+    topic: str
+    rounds: list[Round]
+    framing: str | None
+    synthesis: str | None
+    output: str
+    status: Status
+    satisfied: bool
+    verdict: Any
+    error: str | None
+    token_usage: TokenUsage
+    phi_hat: float | None
+    duration_ms: float
+    calls: int = 0
+    debate_name: str = ""
+    resumed_from_round: int = 0
+
+    @property
+    def transcript(self) -> Transcript:
+        return Transcript(self.rounds)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class DebateState:
+    """The debate as ``until`` and callable prompts see it, after ``round`` (0 before round 1)."""
+
+    debate_id: str
+    topic: str
+    round: int
+    rounds: Sequence[Round]
+    framing: str | None
+    verdict: Any
+    token_usage: TokenUsage
+    calls: int
+
+    @property
+    def transcript(self) -> Transcript:
+        return Transcript(self.rounds)
+
+
+@dataclass(slots=True)
+class Progress:
+    """What a debate has committed so far: the unit of checkpointing and of resume.
+
+    Rounds are only ever appended; ``usage``/``calls`` include every call made, committed or not,
+    so budgets and accounting survive a resume.
+    """
+
+    framing: Turn | None = None
+    rounds: list[Round] = field(default_factory=list)
+    usage: TokenUsage = ZERO_USAGE
+    calls: int = 0

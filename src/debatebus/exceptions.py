@@ -1,0 +1,79 @@
+"""One exception tree for everything debatebus raises, split by who must act.
+
+Callers catch these, never ``redis``, ``aiokafka``, ``openai`` or ``anthropic`` errors: every adapter
+translates its backend's exceptions at the boundary and keeps the original as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from debatebus.schemas.usage import TokenUsage
+
+__all__ = [
+    "BudgetExceededError",
+    "ConfigError",
+    "DebatebusError",
+    "DriftError",
+    "InputError",
+    "LLMError",
+    "LLMRateLimitError",
+    "LLMResponseError",
+    "LLMTimeoutError",
+    "ModelRequestsNotAllowedError",
+    "ScriptExhaustedError",
+    "TransportError",
+]
+
+
+class DebatebusError(Exception):
+    """Base of every error debatebus raises."""
+
+
+class ConfigError(DebatebusError, ValueError):
+    """The library is being misused: the message says which argument to change and how."""
+
+
+class InputError(DebatebusError, ValueError):
+    """A request on the bus is malformed: the producer must fix what it publishes."""
+
+
+class TransportError(DebatebusError):
+    """The broker failed or could not be reached: operators must act (or a retry may help)."""
+
+
+class DriftError(DebatebusError):
+    """A checkpointed debate's definition changed between the run that wrote it and this one."""
+
+
+class LLMError(DebatebusError):
+    """A model call failed. ``usage`` holds tokens the provider charged before failing, if any."""
+
+    def __init__(self, message: str, *, usage: TokenUsage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class LLMTimeoutError(LLMError):
+    """The model did not answer within the per-call timeout or the debate's deadline."""
+
+
+class LLMRateLimitError(LLMError):
+    """The provider kept refusing with a rate limit after every retry."""
+
+
+class LLMResponseError(LLMError):
+    """The model answered, but not in the shape asked for (e.g. a verdict that does not validate)."""
+
+
+class ScriptExhaustedError(LLMError):
+    """A ScriptedLLM was called more times than it has scripted responses."""
+
+
+class ModelRequestsNotAllowedError(LLMError):
+    """A paid provider was called while ``debatebus.llm.ALLOW_MODEL_REQUESTS`` is False."""
+
+
+class BudgetExceededError(LLMError):
+    """The next call would exceed the debate's ``Budget``."""

@@ -1,0 +1,66 @@
+"""The one interface every model sits behind: ``await llm.complete(request) -> response``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel
+
+from debatebus.schemas.usage import TokenUsage
+
+__all__ = ["LLM", "LLMRequest", "LLMResponse", "Message", "model_name"]
+
+Role = Literal["user", "assistant"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    """What a speaker is asked. ``purpose`` and ``speaker`` let fakes and logs tell calls apart."""
+
+    system: str
+    messages: tuple[Message, ...]
+    response_schema: type[BaseModel] | None = None
+    max_tokens: int | None = None
+    speaker: str = ""
+    purpose: str = ""
+    round: int = 0
+
+    @property
+    def prompt(self) -> str:
+        """The last user message: the prompt this call is answering."""
+        for message in reversed(self.messages):
+            if message.role == "user":
+                return message.content
+        return ""
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    text: str
+    structured: BaseModel | None = None
+    usage: TokenUsage | None = None
+    model: str = ""
+    raw: Any = field(default=None, repr=False, compare=False)
+
+
+@runtime_checkable
+class LLM(Protocol):
+    """Anything with an async ``complete``. ``model`` names it in results, logs and drift hashes."""
+
+    @property
+    def model(self) -> str: ...
+
+    async def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+
+def model_name(llm: object) -> str:
+    """The model name of any LLM-like object, falling back to its class name."""
+    name = getattr(llm, "model", None)
+    return name if isinstance(name, str) and name else type(llm).__name__

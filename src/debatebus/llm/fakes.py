@@ -1,0 +1,130 @@
+"""Deterministic models shipped in the package so users can test debates without a key or network.
+
+Usage is whitespace word counts (prompt = system + messages, completion = response text), so token
+accounting can be asserted exactly.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from debatebus.exceptions import LLMResponseError, ScriptExhaustedError
+from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.schemas.usage import TokenUsage
+
+__all__ = ["FunctionLLM", "ScriptedLLM", "word_usage"]
+
+Reply = str | Mapping[str, Any] | BaseException | LLMResponse | Callable[[LLMRequest], Any]
+
+
+def word_usage(request: LLMRequest, text: str) -> TokenUsage:
+    prompt = len(request.system.split()) + sum(len(m.content.split()) for m in request.messages)
+    return TokenUsage.of(prompt, len(text.split()))
+
+
+def _structured(request: LLMRequest, data: Mapping[str, Any], model: str) -> BaseModel | None:
+    if request.response_schema is None:
+        return None
+    try:
+        return request.response_schema.model_validate(data)
+    except ValidationError as exc:
+        raise LLMResponseError(
+            f"{model}: scripted output {dict(data)!r} does not validate as "
+            f"{request.response_schema.__name__}: {exc.errors()[0]['msg']}"
+        ) from exc
+
+
+def _to_response(request: LLMRequest, reply: object, model: str) -> LLMResponse:
+    """Turn whatever a script or function returned into an LLMResponse (raising exceptions)."""
+    if isinstance(reply, BaseException):
+        raise reply
+    if isinstance(reply, LLMResponse):
+        return reply
+    if isinstance(reply, BaseModel):
+        text = reply.model_dump_json()
+        return LLMResponse(text, reply, word_usage(request, text), model)
+    if isinstance(reply, Mapping):
+        text = json.dumps(reply)
+        return LLMResponse(
+            text, _structured(request, reply, model), word_usage(request, text), model
+        )
+    if isinstance(reply, str):
+        structured = None
+        if request.response_schema is not None and reply.lstrip().startswith("{"):
+            structured = _structured(request, json.loads(reply), model)
+        return LLMResponse(reply, structured, word_usage(request, reply), model)
+    raise TypeError(f"{model}: cannot turn {type(reply).__name__} into a response")
+
+
+class ScriptedLLM:
+    """Answers each call with the next scripted entry.
+
+    An entry is a string, a dict (structured output, validated against the request's schema), an
+    exception instance (raised), an ``LLMResponse``, or a callable of the request returning any of
+    these (sync or async). ``requests`` records every request, in call order.
+    """
+
+    __test__ = False
+
+    def __init__(self, responses: Iterable[Reply], *, model: str = "scripted") -> None:
+        self._responses = list(responses)
+        self._next = 0
+        self._model = model
+        self.requests: list[LLMRequest] = []
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def remaining(self) -> int:
+        return len(self._responses) - self._next
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        self.requests.append(request)
+        if self._next >= len(self._responses):
+            raise ScriptExhaustedError(
+                f"{self._model}: call {self._next + 1} ({request.purpose} by "
+                f"{request.speaker or 'unknown'}, round {request.round}) has no scripted response; "
+                f"the script holds {len(self._responses)}"
+            )
+        reply: Any = self._responses[self._next]
+        self._next += 1
+        if callable(reply) and not isinstance(reply, BaseException | type):
+            reply = reply(request)
+            if inspect.isawaitable(reply):
+                reply = await reply
+        return _to_response(request, reply, self._model)
+
+
+class FunctionLLM:
+    """Calls ``fn(request)`` (sync or async) for every request and wraps what it returns."""
+
+    __test__ = False
+
+    def __init__(
+        self,
+        fn: Callable[[LLMRequest], Any] | Callable[[LLMRequest], Awaitable[Any]],
+        *,
+        model: str = "function",
+    ) -> None:
+        self._fn = fn
+        self._is_async = inspect.iscoroutinefunction(fn)
+        self._model = model
+        self.requests: list[LLMRequest] = []
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        self.requests.append(request)
+        reply = await self._fn(request) if self._is_async else self._fn(request)
+        if inspect.isawaitable(reply):
+            reply = await reply
+        return _to_response(request, reply, self._model)
