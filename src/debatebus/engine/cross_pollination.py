@@ -38,8 +38,8 @@ async def _audience(run: Run) -> str:
     if rnd is None:
         who = run.spec.audience_speaker
         usage_before = await run.start_round(AUDIENCE, "audience")
-        ctx = run.context(who.name, AUDIENCE, "audience", audience=run.spec.audience)
-        response = await run.role_call(who, "audience", AUDIENCE, run.prompt("audience", ctx))
+        prompt = run.prompt("audience", who.name, AUDIENCE, audience=run.spec.audience)
+        response = await run.role_call(who, "audience", AUDIENCE, prompt)
         turn = Turn(
             speaker=who.name, round=AUDIENCE, text=response.text, usage=response.usage or ZERO_USAGE
         )
@@ -62,17 +62,17 @@ async def _phase(
     usage_before = await run.start_round(number, phase)
 
     async def turn(p: Participant) -> Turn:
-        ctx = run.context(
+        prompt = run.prompt(
+            phase,
             p.name,
             number,
-            phase,
             audience=audience,
             utility=utility_text(p),
             maximizes=p.utility.maximizes if p.utility else "",
             penalizes=p.utility.penalizes if p.utility else "",
             positions=_positions_text(run, texts, exclude=p.name),
         )
-        return await run.speak(p, phase, number, run.prompt(phase, ctx))
+        return await run.speak(p, phase, number, prompt)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -80,7 +80,8 @@ async def _phase(
     except* DebateFailure as failures:
         raise failures.exceptions[0] from None
     turns = [t.result() for t in tasks]
-    run.all_failed(turns, number, phase)
+    if number == POSITION:  # a failed revision falls back to its position instead
+        run.all_failed(turns, number, phase)
     rnd = Round(number=number, turns=turns, phase=phase)
     run.satisfied = await run.finish_round(rnd, usage_before, judged=number == REVISION)
     return rnd
@@ -104,11 +105,11 @@ async def run_cross_pollination(run: Run) -> None:
     await run.emit_phi()
     writer = run.spec.synthesis_speaker
     assert writer is not None  # validated at construction
-    ctx = run.context(
+    prompt = run.prompt(
+        "synthesis",
         writer.name,
         REVISION,
-        "synthesis",
         audience=audience,
         positions=_positions_text(run, revised),
     )
-    await run.synthesize(writer, "synthesis", ctx)
+    await run.synthesize(writer, REVISION, prompt)

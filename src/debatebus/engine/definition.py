@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
@@ -13,6 +13,7 @@ from debatebus.engine.prompts import (
     DEFAULT_PROMPTS,
     Prompts,
     validate_template,
+    word_limit_text,
 )
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
@@ -109,6 +110,15 @@ class DebateSpec:
     audience: str | None
     budget: Budget | None
     deadline_s: float | None
+    # Derived once here rather than on every call of every run.
+    participant_names: str = field(init=False, repr=False, compare=False)
+    word_limit_texts: Mapping[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = ", ".join(p.name for p in self.participants)
+        limits = {phase: word_limit_text(self.word_limits, phase) for phase in self.word_limits}
+        object.__setattr__(self, "participant_names", names)
+        object.__setattr__(self, "word_limit_texts", limits)
 
     def llm_for(self, role: Participant | Judge) -> LLM:
         llm = role.llm or self.llm

@@ -19,7 +19,10 @@ __all__ = [
     "PROTOCOL_VERSION",
     "PromptContext",
     "Prompts",
+    "fill_template",
     "render_prompt",
+    "template_fields",
+    "word_limit_text",
 ]
 
 # Bump when a shipped prompt or the protocol's shape changes: checkpoints record it (drift guard).
@@ -54,6 +57,18 @@ class PromptContext:
 
 
 _TEMPLATE_FIELDS = tuple(f.name for f in fields(PromptContext) if f.name not in ("extra", "state"))
+_EMPTY_FIELDS: dict[str, Any] = dict.fromkeys(_TEMPLATE_FIELDS, "")
+
+
+def template_fields(**values: Any) -> dict[str, Any]:
+    """Every field a string template may name, empty unless given (``PromptContext.as_fields``
+    without building a context: the engine's hot path for string templates)."""
+    return {**_EMPTY_FIELDS, **values}
+
+
+def word_limit_text(limits: Mapping[str, int], phase: str) -> str:
+    limit = limits.get(phase)
+    return f" Answer in at most {limit} words." if limit else ""
 
 
 Template = str | Callable[[PromptContext], str]
@@ -147,12 +162,16 @@ CROSS_POLLINATION_PROMPTS = Prompts(
 def render_prompt(template: Template, ctx: PromptContext) -> str:
     if callable(template):
         return template(ctx)
+    return fill_template(template, ctx.as_fields())
+
+
+def fill_template(template: str, values: Mapping[str, Any]) -> str:
     try:
-        return template.format_map(ctx.as_fields())
+        return template.format_map(values)
     except (KeyError, IndexError, ValueError) as exc:
         raise ConfigError(
             f"prompt template {template[:60]!r}… uses {exc}, which is not a known field; use "
-            f"{sorted(ctx.as_fields())} (double braces for literal ones)"
+            f"{sorted(values)} (double braces for literal ones)"
         ) from exc
 
 
@@ -160,7 +179,6 @@ def validate_template(name: str, template: Template) -> None:
     """Fail at construction, not mid-debate, on a template that names an unknown field."""
     if callable(template):
         return
-    probe = PromptContext("", "", "", 0, "", "", "", "")
-    render_prompt(template, probe)
     if not isinstance(template, str):
         raise ConfigError(f"prompt {name!r} must be a str.format template or a callable")
+    render_prompt(template, PromptContext("", "", "", 0, "", "", "", ""))

@@ -23,8 +23,8 @@ async def _play_round(run: Run, number: int) -> Round:
     usage_before = await run.start_round(number, phase)
     turns: list[Turn] = []
     for participant in run.spec.participants:
-        ctx = run.context(participant.name, number, phase, _window_text(run, number, turns))
-        turns.append(await run.speak(participant, phase, number, run.prompt(phase, ctx)))
+        prompt = run.prompt(phase, participant.name, number, _window_text(run, number, turns))
+        turns.append(await run.speak(participant, phase, number, prompt))
     run.all_failed(turns, number, phase)
     rnd = Round(number=number, turns=turns, phase=phase)
     run.satisfied = await run.finish_round(rnd, usage_before, judged=True)
@@ -53,5 +53,5 @@ async def _conclude(run: Run) -> None:
         return
     writer = run.spec.synthesizer or run.spec.moderator
     if writer is not None:
-        ctx = run.context(writer.name, last.number, "synthesis", run.full_transcript())
-        await run.synthesize(writer, "synthesis", ctx)
+        prompt = run.prompt("synthesis", writer.name, last.number, run.full_transcript())
+        await run.synthesize(writer, last.number, prompt)

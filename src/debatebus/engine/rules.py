@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from debatebus.engine.definition import DebateSpec, Participant
 from debatebus.engine.phi import compute_phi_hat
+from debatebus.engine.prompts import word_limit_text
 from debatebus.engine.result import DebateState
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import LLMResponseError
 
 __all__ = [
+    "consensus_reached",
     "first_and_last_texts",
+    "latest_verdict",
     "output_of",
     "parse_verdict",
     "round_robin_phi",
@@ -26,16 +29,22 @@ __all__ = [
 ]
 
 
-def stop_reached(spec: DebateSpec, state: DebateState) -> bool:
-    """``until`` when given, else the judge's consensus flag on the latest verdict."""
+def stop_reached(
+    spec: DebateSpec, rounds: Sequence[Round], state: Callable[[], DebateState]
+) -> bool:
+    """``until`` when given (the state is only built then), else the judge's consensus flag on
+    the latest verdict; never without either."""
     if spec.until is not None:
-        return bool(spec.until(state))
-    return getattr(state.verdict, "consensus", False) is True
+        return bool(spec.until(state()))
+    return spec.judge is not None and consensus_reached(latest_verdict(rounds))
 
 
-def word_limit_text(limits: Mapping[str, int], phase: str) -> str:
-    limit = limits.get(phase)
-    return f" Answer in at most {limit} words." if limit else ""
+def consensus_reached(verdict: object) -> bool:
+    return getattr(verdict, "consensus", False) is True
+
+
+def latest_verdict(rounds: Sequence[Round]) -> Any:
+    return next((r.verdict for r in reversed(rounds) if r.verdict is not None), None)
 
 
 def utility_text(participant: Participant) -> str:

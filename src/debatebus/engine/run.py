@@ -11,9 +11,9 @@ from pydantic import BaseModel
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant
 from debatebus.engine.phi import interpret_phi_hat
-from debatebus.engine.prompts import PromptContext, render_prompt
+from debatebus.engine.prompts import PromptContext, fill_template, template_fields
 from debatebus.engine.result import DebateResult, DebateState, Progress
-from debatebus.engine.rules import output_of, parse_verdict, stop_reached, word_limit_text
+from debatebus.engine.rules import latest_verdict, output_of, parse_verdict, stop_reached
 from debatebus.engine.transcript import Round, Turn, render_round
 from debatebus.exceptions import BudgetExceededError, LLMError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, Message, model_name
@@ -32,6 +32,10 @@ class DebateFailure(Exception):
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _framing_field(framing: Turn | None) -> str:
+    return f"Framing: {framing.text}\n" if framing else ""
 
 
 class Run:
@@ -63,6 +67,13 @@ class Run:
         self.resumed_from = len(self.progress.rounds)
         self.max_rounds = min(spec.max_rounds, max_rounds) if max_rounds else spec.max_rounds
         self.rendered = [render_round(r) for r in self.progress.rounds]
+        # The fields every string template shares; speaker, round, transcript… are added per call.
+        self.fields = template_fields(
+            topic=topic,
+            debate_name=spec.name,
+            participants=spec.participant_names,
+            framing=_framing_field(self.progress.framing),
+        )
         self.seq = 0
         self.satisfied = False
         self.synthesis: Turn | None = None
@@ -87,8 +98,7 @@ class Run:
 
     def _check_budget(self, request: LLMRequest) -> None:
         budget = self.spec.budget
-        if budget is None:
-            return
+        assert budget is not None
         used = self.progress
         if budget.max_calls is not None and used.calls >= budget.max_calls:
             raise BudgetExceededError(
@@ -103,7 +113,8 @@ class Run:
             )
 
     async def call(self, llm: LLM, request: LLMRequest) -> LLMResponse:
-        self._check_budget(request)
+        if self.spec.budget is not None:
+            self._check_budget(request)
         self.progress.calls += 1
         try:
             response = await llm.complete(request)
@@ -175,36 +186,46 @@ class Run:
 
     # ---- prompts ------------------------------------------------------------------------------
 
+    def prompt(self, phase: str, who: str, number: int, transcript: str = "", **extra: str) -> str:
+        """``phase``'s prompt for ``who``: a string template filled with the debate's fields, or a
+        callable given a PromptContext (with the DebateState)."""
+        template = self.spec.prompts.get(phase)
+        if callable(template):
+            return template(self.context(who, number, phase, transcript, **extra))
+        word_limit = self.spec.word_limit_texts.get(phase, "")
+        values = {
+            **self.fields,
+            "speaker": who,
+            "round": number,
+            "transcript": transcript,
+            "word_limit": word_limit,
+            **extra,
+        }
+        return fill_template(template, values)
+
     def context(
         self, who: str, number: int, phase: str, transcript: str = "", **extra: Any
     ) -> PromptContext:
-        framing = self.progress.framing
         return PromptContext(
             topic=self.topic,
             debate_name=self.spec.name,
             speaker=who,
             round=number,
-            framing=f"Framing: {framing.text}\n" if framing else "",
+            framing=self.fields["framing"],
             transcript=transcript,
-            participants=", ".join(p.name for p in self.spec.participants),
-            word_limit=word_limit_text(self.spec.word_limits, phase),
-            state=self.state(number) if self._needs_state(phase) else None,
+            participants=self.spec.participant_names,
+            word_limit=self.spec.word_limit_texts.get(phase, ""),
+            state=self.state(number),
             **extra,
         )
 
-    def _needs_state(self, phase: str) -> bool:
-        return callable(self.spec.prompts.get(phase))
-
-    def prompt(self, phase: str, ctx: PromptContext) -> str:
-        return render_prompt(self.spec.prompts.get(phase), ctx)
-
-    def full_transcript(self, pending: Round | None = None) -> str:
-        parts = self.rendered if pending is None else [*self.rendered, render_round(pending)]
+    def full_transcript(self, pending: str | None = None) -> str:
+        """Every committed round, plus a pending round's rendering; what judge and synthesis see."""
+        parts = self.rendered if pending is None else [*self.rendered, pending]
         return "\n\n".join(parts)
 
     def state(self, number: int) -> DebateState:
         rounds = self.progress.rounds
-        verdict = next((r.verdict for r in reversed(rounds) if r.verdict is not None), None)
         framing = self.progress.framing.text if self.progress.framing else None
         return DebateState(
             self.debate_id,
@@ -212,7 +233,7 @@ class Run:
             number,
             tuple(rounds),
             framing,
-            verdict,
+            latest_verdict(rounds),
             self.progress.usage,
             self.progress.calls,
         )
@@ -224,22 +245,21 @@ class Run:
         moderator = self.spec.moderator
         if moderator is None or self.progress.framing is not None:
             return
-        prompt = self.prompt("framing", self.context(moderator.name, 0, "framing"))
+        prompt = self.prompt("framing", moderator.name, 0)
         response = await self.role_call(moderator, "framing", 0, prompt)
         usage = response.usage or ZERO_USAGE
         turn = Turn(speaker=moderator.name, round=0, text=response.text, usage=usage)
         self.progress.framing = turn
+        self.fields["framing"] = _framing_field(turn)
         if self.on_commit is not None:
             await self.on_commit(self.progress, turn)
         await self.emit(ev.FramingCompleted, speaker=moderator.name, text=turn.text, usage=usage)
 
-    async def judge(self, rnd: Round) -> BaseModel:
+    async def judge(self, rnd: Round, transcript: str) -> BaseModel:
         judge = self.spec.judge
         assert judge is not None
-        ctx = self.context(judge.name, rnd.number, "judge", self.full_transcript(rnd))
-        response = await self.role_call(
-            judge, "judge", rnd.number, self.prompt("judge", ctx), judge.schema
-        )
+        prompt = self.prompt("judge", judge.name, rnd.number, transcript)
+        response = await self.role_call(judge, "judge", rnd.number, prompt, judge.schema)
         verdict = response.structured
         if verdict is None:
             try:
@@ -250,18 +270,19 @@ class Run:
                 )
             except LLMError as exc:
                 raise DebateFailure(str(exc)) from exc
-        await self.emit(
-            ev.VerdictReached,
-            round=rnd.number,
-            verdict=verdict.model_dump(mode="json"),
-            usage=response.usage or ZERO_USAGE,
-        )
+        if self.on_event is not None:  # dumping a verdict costs more than the rest of a call
+            await self.emit(
+                ev.VerdictReached,
+                round=rnd.number,
+                verdict=verdict.model_dump(mode="json"),
+                usage=response.usage or ZERO_USAGE,
+            )
         return verdict
 
-    async def synthesize(self, who: Participant, phase: str, ctx: PromptContext) -> None:
-        response = await self.role_call(who, "synthesis", ctx.round, self.prompt(phase, ctx))
+    async def synthesize(self, who: Participant, number: int, prompt: str) -> None:
+        response = await self.role_call(who, "synthesis", number, prompt)
         usage = response.usage or ZERO_USAGE
-        self.synthesis = Turn(speaker=who.name, round=ctx.round, text=response.text, usage=usage)
+        self.synthesis = Turn(speaker=who.name, round=number, text=response.text, usage=usage)
         await self.emit(ev.SynthesisCompleted, speaker=who.name, text=response.text, usage=usage)
 
     # ---- rounds -------------------------------------------------------------------------------
@@ -272,20 +293,19 @@ class Run:
 
     async def finish_round(self, rnd: Round, usage_before: TokenUsage, *, judged: bool) -> bool:
         """Judge, commit and report a round; True when the debate's stop rule is met."""
+        rendered = render_round(rnd)
         if judged and self.spec.judge is not None:
-            rnd.verdict = await self.judge(rnd)
+            rnd.verdict = await self.judge(rnd, self.full_transcript(rendered))
         rnd.usage = self.progress.usage - usage_before
         self.progress.rounds.append(rnd)
-        self.rendered.append(render_round(rnd))
+        self.rendered.append(rendered)
         if self.on_commit is not None:
             await self.on_commit(self.progress, rnd)
         await self.emit(ev.RoundCompleted, round=rnd.number, phase=rnd.phase, usage=rnd.usage)
         return judged and self.stop_reached(rnd.number)
 
     def stop_reached(self, number: int) -> bool:
-        if self.spec.until is None and self.spec.judge is None:
-            return False
-        return stop_reached(self.spec, self.state(number))
+        return stop_reached(self.spec, self.progress.rounds, lambda: self.state(number))
 
     async def emit_phi(self) -> None:
         if self.phi_hat is not None:
@@ -297,7 +317,6 @@ class Run:
 
     def result(self, error: str | None = None) -> DebateResult:
         rounds = self.progress.rounds
-        verdict = next((r.verdict for r in reversed(rounds) if r.verdict is not None), None)
         return DebateResult(
             debate_id=self.debate_id,
             topic=self.topic,
@@ -307,7 +326,7 @@ class Run:
             output=output_of(self.synthesis, rounds, self.sole_output),
             status="failed" if error is not None else "completed",
             satisfied=self.satisfied and error is None,
-            verdict=verdict,
+            verdict=latest_verdict(rounds),
             error=error,
             token_usage=self.progress.usage,
             phi_hat=self.phi_hat,

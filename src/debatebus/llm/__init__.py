@@ -1,6 +1,57 @@
-"""LLM interface, shipped fakes and (optional) real providers."""
+"""LLM interface, shipped fakes and (optional) real providers.
+
+The providers load lazily (``from debatebus.llm import OpenAICompatibleLLM`` imports the openai
+SDK only then), so each stays an optional extra.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, Message, model_name
 from debatebus.llm.fakes import FunctionLLM, ScriptedLLM
 
-__all__ = ["LLM", "FunctionLLM", "LLMRequest", "LLMResponse", "Message", "ScriptedLLM", "model_name"]
+if TYPE_CHECKING:
+    from debatebus.llm.anthropic_llm import AnthropicLLM
+    from debatebus.llm.local import LocalLLM
+    from debatebus.llm.openai_compat import OpenAICompatibleLLM
+    from debatebus.llm.registry import resolve_llm
+
+__all__ = [
+    "ALLOW_MODEL_REQUESTS",
+    "LLM",
+    "AnthropicLLM",
+    "FunctionLLM",
+    "LLMRequest",
+    "LLMResponse",
+    "LocalLLM",
+    "Message",
+    "OpenAICompatibleLLM",
+    "ScriptedLLM",
+    "model_name",
+    "resolve_llm",
+]
+
+ALLOW_MODEL_REQUESTS = True
+"""When False, providers refuse to call a paid endpoint (api.openai.com, api.anthropic.com) and
+raise ``ModelRequestsNotAllowedError`` before any network traffic. Read at call time; test suites
+set it to False. Loopback servers are always allowed."""
+
+_LAZY = {
+    "OpenAICompatibleLLM": "debatebus.llm.openai_compat",
+    "AnthropicLLM": "debatebus.llm.anthropic_llm",
+    "LocalLLM": "debatebus.llm.local",
+    "resolve_llm": "debatebus.llm.registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

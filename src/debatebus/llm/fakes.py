@@ -27,15 +27,28 @@ def word_usage(request: LLMRequest, text: str) -> TokenUsage:
     return TokenUsage.of(prompt, len(text.split()))
 
 
-def _structured(request: LLMRequest, data: Mapping[str, Any], model: str) -> BaseModel | None:
-    if request.response_schema is None:
+def _structured(request: LLMRequest, data: Any, model: str, text: str) -> BaseModel | None:
+    """Validate ``data`` against the request's schema; a failure still charges the answer's words."""
+    schema = request.response_schema
+    if schema is None:
         return None
     try:
-        return request.response_schema.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         raise LLMResponseError(
-            f"{model}: scripted output {dict(data)!r} does not validate as "
-            f"{request.response_schema.__name__}: {exc.errors()[0]['msg']}"
+            f"{model}: scripted output {data!r} does not validate as "
+            f"{schema.__name__}: {exc.errors()[0]['msg']}",
+            usage=word_usage(request, text),
+        ) from exc
+
+
+def _parse_json(request: LLMRequest, text: str, model: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise LLMResponseError(
+            f"{model}: scripted output {text[:200]!r} is not valid JSON: {exc}",
+            usage=word_usage(request, text),
         ) from exc
 
 
@@ -50,13 +63,12 @@ def _to_response(request: LLMRequest, reply: object, model: str) -> LLMResponse:
         return LLMResponse(text, reply, word_usage(request, text), model)
     if isinstance(reply, Mapping):
         text = json.dumps(reply)
-        return LLMResponse(
-            text, _structured(request, reply, model), word_usage(request, text), model
-        )
+        structured = _structured(request, dict(reply), model, text)
+        return LLMResponse(text, structured, word_usage(request, text), model)
     if isinstance(reply, str):
         structured = None
         if request.response_schema is not None and reply.lstrip().startswith("{"):
-            structured = _structured(request, json.loads(reply), model)
+            structured = _structured(request, _parse_json(request, reply, model), model, reply)
         return LLMResponse(reply, structured, word_usage(request, reply), model)
     raise TypeError(f"{model}: cannot turn {type(reply).__name__} into a response")
 

@@ -10,6 +10,7 @@ every message in the exception chain, and the SDK exception kept as ``__cause__`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -82,10 +83,8 @@ class Redactor:
         for name in ("message", "body"):
             value = getattr(exc, name, None)
             if value is not None:
-                try:
+                with contextlib.suppress(AttributeError):  # read-only: nothing we can mask
                     setattr(exc, name, self._clean(value))
-                except AttributeError:  # read-only attribute: nothing we can mask
-                    pass
 
     def _clean(self, value: object) -> object:
         if isinstance(value, str):

@@ -74,7 +74,7 @@ def with_json_instructions(request: LLMRequest, schema: type[BaseModel]) -> LLMR
 
 def extract_json_object(text: str) -> dict[str, Any] | None:
     """The first ``{…}`` in ``text`` that parses as a JSON object (prose and fences around it ignored)."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)  # small models put raw newlines inside strings
     start = text.find("{")
     while start != -1:
         try:

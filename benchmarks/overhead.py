@@ -1,0 +1,141 @@
+"""Orchestration overhead of the debate engine with an instant LLM.
+
+Every model call returns a prebuilt response, so what is measured is the engine alone: prompts,
+transcript rendering, accounting, judging and result building. Two shapes are timed:
+
+* round-robin: 3 participants × 3 rounds with a moderator (framing + synthesis) and a judge that
+  never reaches consensus, so all 3 rounds run (14 calls per debate);
+* cross-pollination: 3 participants, positions, revisions and a synthesis (7 calls per debate).
+
+Run: ``python benchmarks/overhead.py [--debates N] [--warmup N] [--no-uvloop]``.
+Target: p99 ≤ 0.25 ms per round-robin debate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from importlib import metadata
+from typing import Any
+
+from debatebus import Debate, Judge, LLMRequest, LLMResponse, Participant, TokenUsage, Utility
+from debatebus.engine import Verdict
+
+TARGET_P99_MS = 0.25
+TOPIC = "Should the city replace its bus fleet with electric buses by 2030?"
+
+
+class InstantLLM:
+    """The cheapest possible model: one prebuilt response for every call."""
+
+    def __init__(self, response: LLMResponse) -> None:
+        self.model = response.model
+        self._response = response
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        return self._response
+
+
+def _instant(text: str, structured: Verdict | None = None) -> InstantLLM:
+    return InstantLLM(LLMResponse(text, structured, TokenUsage.of(120, 40), "instant"))
+
+
+def round_robin_debate() -> Debate:
+    speaker = _instant("Electric buses cut emissions and running costs; the grid can cope.")
+    verdict = Verdict(consensus=False, summary="They still disagree on cost.")
+    return Debate(
+        "bench-round-robin",
+        [Participant(name, f"You are {name}.") for name in ("alice", "bob", "carol")],
+        llm=speaker,
+        moderator=Participant("moderator", "You moderate."),
+        judge=Judge(llm=_instant(verdict.model_dump_json(), verdict)),
+        max_rounds=3,
+    )
+
+
+def cross_pollination_debate() -> Debate:
+    participants = [
+        Participant(name, f"You are {name}.", utility=Utility(f"{name}'s gain", "waste"))
+        for name in ("alice", "bob", "carol")
+    ]
+    return Debate(
+        "bench-cross-pollination",
+        participants,
+        llm=_instant("Electric buses cut emissions and running costs; the grid can cope."),
+        protocol="cross-pollination",
+    )
+
+
+async def _measure(debate: Debate, debates: int, warmup: int) -> tuple[list[int], int]:
+    calls = 0
+    for _ in range(warmup):
+        await debate.run(TOPIC)
+    samples: list[int] = []
+    append = samples.append
+    clock = time.perf_counter_ns
+    for _ in range(debates):
+        start = clock()
+        result = await debate.run(TOPIC)
+        append(clock() - start)
+        calls = result.calls
+        if result.status != "completed":
+            raise RuntimeError(f"benchmark debate failed: {result.error}")
+    return samples, calls
+
+
+def _percentile(sorted_ns: list[int], q: float) -> float:
+    index = min(len(sorted_ns) - 1, round(q * (len(sorted_ns) - 1)))
+    return sorted_ns[index] / 1e6
+
+
+def _report(label: str, samples: list[int], calls: int) -> float:
+    ordered = sorted(samples)
+    p50, p99 = _percentile(ordered, 0.50), _percentile(ordered, 0.99)
+    mean = statistics.fmean(samples) / 1e6
+    print(
+        f"{label:<18} debates={len(samples):>6}  calls/debate={calls:>2}  "
+        f"p50={p50:.4f} ms  p99={p99:.4f} ms  mean={mean:.4f} ms  "
+        f"per call p50={p50 / calls * 1000:.1f} µs"
+    )
+    return p99
+
+
+async def _main(debates: int, warmup: int) -> bool:
+    rr_samples, rr_calls = await _measure(round_robin_debate(), debates, warmup)
+    cp_samples, cp_calls = await _measure(cross_pollination_debate(), debates, warmup)
+    rr_p99 = _report("round-robin", rr_samples, rr_calls)
+    _report("cross-pollination", cp_samples, cp_calls)
+    verdict = "OK" if rr_p99 <= TARGET_P99_MS else "ABOVE TARGET"
+    print(f"round-robin p99 target ≤ {TARGET_P99_MS} ms: {verdict}")
+    return rr_p99 <= TARGET_P99_MS
+
+
+def _runner(use_uvloop: bool) -> tuple[str, Callable[[Coroutine[Any, Any, bool]], bool]]:
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return f"uvloop {metadata.version('uvloop')}", uvloop.run
+    return "asyncio (default loop)", asyncio.run
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--debates", type=int, default=10_000, help="timed debates per protocol")
+    parser.add_argument("--warmup", type=int, default=1_000, help="untimed debates first")
+    parser.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
+    args = parser.parse_args()
+    loop_name, run = _runner(not args.no_uvloop)
+    print(f"python {sys.version.split()[0]}, event loop: {loop_name}")
+    run(_main(args.debates, args.warmup))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from debatebus.cli import main
+
+sys.exit(main())

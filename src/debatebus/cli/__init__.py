@@ -1,0 +1,71 @@
+"""``debatebus`` command line: worker, publish, tail, run, demo (and ops commands)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from types import ModuleType
+
+__all__ = ["main"]
+
+# Each module contributes ``add_parser(subparsers)``; its parsers set ``func`` (async, -> exit code).
+_COMMAND_MODULES = (
+    "debatebus.cli.bus_cmds",
+    "debatebus.cli.run_cmd",
+    "debatebus.cli.ops_cmds",
+)
+
+
+def _load(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:  # the module itself is absent in this build, not one of its imports
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="debatebus", description="Multi-agent LLM debates served on Redis and Kafka."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        module = _load(name)
+        if module is None:
+            continue
+        before = set(sub.choices)
+        module.add_parser(sub)
+        for command in set(sub.choices) - before:  # modules may expose one ``run`` instead
+            if sub.choices[command].get_default("func") is None:
+                sub.choices[command].set_defaults(func=module.run)
+    return parser
+
+
+def _run(func: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:
+    try:
+        import uvloop
+
+        return int(uvloop.run(func(args)))
+    except ImportError:
+        return asyncio.run(func(args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from debatebus.exceptions import DebatebusError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args.func, args)
+    except DebatebusError as exc:
+        print(f"debatebus: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

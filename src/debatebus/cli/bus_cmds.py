@@ -1,0 +1,122 @@
+"""``debatebus worker | publish | tail | demo``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+from typing import Any
+
+from debatebus.cli.common import add_broker, broker_url
+from debatebus.client import BusClient
+from debatebus.exceptions import ConfigError
+from debatebus.worker import DebateBus
+
+__all__ = ["add_parser", "load_app"]
+
+
+def add_parser(sub: Any) -> None:
+    worker = sub.add_parser("worker", help="serve a DebateBus app: debatebus worker myapp:app")
+    worker.add_argument("app", help="module:attribute of a DebateBus (or a function returning one)")
+    worker.add_argument("--concurrency", type=int, help="debates at once in this process")
+    worker.set_defaults(func=_worker)
+
+    publish = sub.add_parser("publish", help="publish a debate request")
+    publish.add_argument("type", help="event type, e.g. debate:request")
+    publish.add_argument("--input", help="the debate topic (payload.input)")
+    publish.add_argument("--payload", help="the whole payload as JSON (overrides --input)")
+    publish.add_argument("--request-id")
+    publish.add_argument("--wait", action="store_true", help="wait for the result and print it")
+    publish.add_argument("--timeout", type=float, default=300.0)
+    add_broker(publish)
+    publish.set_defaults(func=_publish)
+
+    tail = sub.add_parser("tail", help="print messages on an event type as JSON lines")
+    tail.add_argument("type", help="event type, e.g. event:debate:request:completed")
+    tail.add_argument("--count", type=int, help="stop after this many messages")
+    add_broker(tail)
+    tail.set_defaults(func=_tail)
+
+    demo = sub.add_parser("demo", help="serve the demo debate on a bus and answer one request")
+    demo.add_argument("topic", nargs="?", default="Should we adopt microservices?")
+    demo.add_argument("--llm", help="model spec (local, openai:MODEL, scripted:FILE.json, …)")
+    demo.add_argument("--broker", default="memory://", help="broker URL (default memory://)")
+    demo.set_defaults(func=_demo)
+
+
+def load_app(spec: str) -> DebateBus:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"app must be given as module:attribute, e.g. myapp:app (got {spec!r})")
+    sys.path.insert(0, ".")
+    try:
+        target: Any = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {spec!r}: {exc}") from exc
+    app = target() if callable(target) and not isinstance(target, DebateBus) else target
+    if not isinstance(app, DebateBus):
+        raise ConfigError(f"{spec!r} is a {type(app).__name__}, not a DebateBus")
+    return app
+
+
+async def _worker(args: argparse.Namespace) -> int:
+    app = load_app(args.app)
+    if args.concurrency:
+        app.concurrency = args.concurrency
+    async with app:
+        await app.run()
+    return 0
+
+
+def _payload(args: argparse.Namespace) -> dict[str, Any]:
+    if args.payload:
+        value = json.loads(args.payload)
+        if not isinstance(value, dict):
+            raise ConfigError("--payload must be a JSON object")
+        return value
+    if args.input is None:
+        raise ConfigError("give --input 'topic' or --payload '{\"input\": …}'")
+    return {"input": args.input}
+
+
+async def _publish(args: argparse.Namespace) -> int:
+    async with BusClient(broker_url(args.broker)) as client:
+        if not args.wait:
+            rid = await client.publish(args.type, _payload(args), request_id=args.request_id)
+            print(rid)
+            return 0
+        result = await client.request(args.type, _payload(args), request_id=args.request_id,
+                                      timeout=args.timeout)
+        print(json.dumps({"requestId": result.request_id, "type": result.type,
+                          "payload": result.payload}, indent=2, ensure_ascii=False))
+        return 0 if result.payload.get("debateStatus") != "failed" else 1
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    async with BusClient(broker_url(args.broker)) as client:
+        seen = 0
+        async for delivery in await client.transport.subscribe([args.type]):
+            print(delivery.body.decode("utf-8", "replace"), flush=True)
+            seen += 1
+            if args.count and seen >= args.count:
+                break
+    return 0
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from debatebus.demo import build_app
+
+    app = build_app(args.broker, llm_spec=args.llm)
+    async with app:
+        worker = asyncio.create_task(app.run())
+        async with BusClient(args.broker) as client:
+            result = await client.request("debate:request", {"input": args.topic})
+        app.stop()
+        await worker
+    payload = result.payload
+    print(json.dumps({k: payload.get(k) for k in (
+        "debateStatus", "debateRounds", "debateOutput", "debateVerdict", "debatePhiHat",
+        "debateTokenUsage", "debateError")}, indent=2, ensure_ascii=False))
+    return 0 if payload.get("debateStatus") == "completed" else 1

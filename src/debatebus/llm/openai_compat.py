@@ -1,0 +1,297 @@
+"""``OpenAICompatibleLLM``: api.openai.com or any server speaking its Chat Completions API.
+
+Works with Ollama, vLLM, llama.cpp's and llama-cpp-python's servers, LM Studio… The SDK's own
+retries are off (``max_retries=0``) so that one policy — ours, in ``retry.py`` — governs every
+provider.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from functools import partial
+from typing import Any, Literal
+
+try:
+    import openai
+    from openai.types.chat import (
+        ChatCompletionAssistantMessageParam,
+        ChatCompletionMessageParam,
+        ChatCompletionUserMessageParam,
+    )
+    from openai.types.shared_params import ResponseFormatJSONSchema
+except ImportError as _exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "OpenAICompatibleLLM needs the openai SDK: pip install 'debatebus[openai]'"
+    ) from _exc
+
+from pydantic import BaseModel
+
+from debatebus.exceptions import ConfigError, LLMError, LLMResponseError, LLMTimeoutError
+from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.llm.retry import (
+    ProviderFailure,
+    Redactor,
+    RetryPolicy,
+    call_with_retries,
+    failure_for_status,
+)
+from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
+from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
+from debatebus.schemas.usage import TokenUsage
+
+__all__ = ["OpenAICompatibleLLM", "map_openai_error", "strict_json_schema"]
+
+StructuredMode = Literal["auto", "json_schema", "instructions"]
+_MODES: tuple[StructuredMode, ...] = ("auto", "json_schema", "instructions")
+# Local servers ignore the key, but the SDK refuses to start without one.
+_PLACEHOLDER_KEY = "not-needed"
+_DETAIL_LIMIT = 300
+
+
+def _error_detail(exc: openai.APIError) -> str:
+    """The server's own error message when the body has one (shorter than the SDK's repr)."""
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail"))
+        if isinstance(error, dict):
+            error = error.get("message", error)
+        if error:
+            return str(error)[:_DETAIL_LIMIT]
+    return exc.message[:_DETAIL_LIMIT]
+
+
+def map_openai_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
+    """Translate an ``openai`` SDK exception into our tree; None for anything else."""
+    if isinstance(exc, openai.APITimeoutError):
+        return ProviderFailure(LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True)
+    if isinstance(exc, openai.APIConnectionError):
+        return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
+    if isinstance(exc, openai.APIStatusError):
+        detail = _error_detail(exc)
+        return failure_for_status(model, exc.status_code, detail, exc, exc.response.headers)
+    if isinstance(exc, json.JSONDecodeError):  # the SDK parses a 200 body that isn't JSON
+        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
+    if isinstance(exc, openai.APIResponseValidationError):
+        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
+    if isinstance(exc, openai.OpenAIError):
+        return ProviderFailure(LLMError(f"{model}: {exc}"), exc)
+    return None
+
+
+class _NotStrictable(Exception):
+    pass
+
+
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+
+
+def _strict(node: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in node and len(node) > 1:
+        raise _NotStrictable  # strict mode forbids keywords beside $ref
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "default":
+            continue  # every property becomes required, so defaults never apply
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _strict(sub) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[key] = [_strict(sub) for sub in value]
+        elif key == "items" and isinstance(value, dict):
+            out[key] = _strict(value)
+        else:
+            out[key] = value
+    if out.get("type") == "object":
+        if out.get("additionalProperties", False) is not False:
+            raise _NotStrictable  # dict-like objects cannot be strict
+        out["additionalProperties"] = False
+        out["required"] = list(out.get("properties", {}))
+    return out
+
+
+def strict_json_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
+    """``schema`` in the form OpenAI's ``strict`` mode accepts, or None when it can't be.
+
+    Requiring every property is safe: pydantic accepts explicit values for defaulted fields.
+    """
+    try:
+        return _strict(copy.deepcopy(schema))
+    except _NotStrictable:
+        return None
+
+
+def _response_format(schema: type[BaseModel]) -> ResponseFormatJSONSchema:
+    plain = schema.model_json_schema()
+    strict = strict_json_schema(plain)
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", schema.__name__)[:64] or "response"
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": name, "schema": strict or plain, "strict": strict is not None},
+    }
+
+
+def _messages(request: LLMRequest) -> list[ChatCompletionMessageParam]:
+    messages: list[ChatCompletionMessageParam] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    for message in request.messages:
+        if message.role == "assistant":
+            messages.append(ChatCompletionAssistantMessageParam(role="assistant", content=message.content))
+        else:
+            messages.append(ChatCompletionUserMessageParam(role="user", content=message.content))
+    return messages
+
+
+def _usage(completion: Any) -> TokenUsage | None:
+    usage = getattr(completion, "usage", None)
+    prompt = getattr(usage, "prompt_tokens", None)
+    answer = getattr(usage, "completion_tokens", None)
+    if not isinstance(prompt, int) or not isinstance(answer, int):
+        return None
+    total = getattr(usage, "total_tokens", None)
+    return TokenUsage(prompt, answer, total if isinstance(total, int) else prompt + answer)
+
+
+def _to_completion(completion: Any, model: str) -> Completion:
+    """The text and usage of a chat completion; LLMResponseError when the body has no answer."""
+    try:
+        message = completion.choices[0].message
+    except (AttributeError, IndexError, KeyError, TypeError) as exc:
+        raise LLMResponseError(f"{model}: malformed response without choices: {completion!r:.300}") from exc
+    content = getattr(message, "content", None)
+    refusal = getattr(message, "refusal", None)
+    if content is None and refusal:
+        raise LLMResponseError(f"{model}: the model refused: {refusal!r:.300}")
+    if content is not None and not isinstance(content, str):
+        raise LLMResponseError(f"{model}: malformed response content: {content!r:.300}")
+    return Completion(content or "", _usage(completion), completion)
+
+
+class OpenAICompatibleLLM:
+    """A model behind an OpenAI-compatible Chat Completions endpoint.
+
+    ``structured`` picks how judges get JSON: ``"json_schema"`` sends a JSON-schema
+    ``response_format`` (strict when the schema allows); ``"instructions"`` only asks for JSON in the
+    system prompt; ``"auto"`` tries the schema and falls back to instructions for good once the
+    server rejects it. Either way the answer is extracted, validated and repaired once.
+
+    The key comes from ``api_key`` or ``OPENAI_API_KEY``; a server that is not a paid provider gets
+    a placeholder when neither is set. ``retry_policy``, when given, replaces the policy built from
+    ``timeout`` and ``max_retries``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        max_tokens: int | None = None,
+        structured: StructuredMode = "auto",
+        retry_policy: RetryPolicy | None = None,
+    ) -> None:
+        if structured not in _MODES:
+            raise ConfigError(f"structured must be one of {', '.join(_MODES)}, not {structured!r}")
+        if not model:
+            raise ConfigError("OpenAICompatibleLLM needs a model name, e.g. 'gpt-4o-mini'")
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        if not key and not is_paid_url(base_url or os.environ.get("OPENAI_BASE_URL")):
+            key = _PLACEHOLDER_KEY
+        self._redact = Redactor([key])
+        try:
+            self._client = openai.AsyncOpenAI(
+                api_key=key, base_url=base_url, timeout=timeout, max_retries=0
+            )
+        except openai.OpenAIError as exc:
+            raise ConfigError(
+                self._redact(f"{model}: {exc} (pass api_key= or set OPENAI_API_KEY)")
+            ) from None
+        self._model = model
+        self._base_url = str(self._client.base_url)
+        self._temperature = temperature
+        self._max_tokens = max_tokens
+        self._structured: StructuredMode = structured
+        self._schema_rejected = False
+        self._policy = retry_policy or RetryPolicy(max_retries=max_retries, timeout=timeout)
+        self._classify = partial(map_openai_error, model=model, base_url=self._base_url)
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def base_url(self) -> str:
+        return self._base_url
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleLLM(model={self._model!r}, base_url={self._base_url!r})"
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        check_model_requests_allowed(self._model, self._base_url)
+        if request.response_schema is None:
+            answer = await self._chat(request, None)
+            return LLMResponse(answer.text, None, answer.usage, self._model, answer.raw)
+        return await complete_structured(
+            request, self._send_structured, model=self._model, redact=self._redact
+        )
+
+    def _uses_response_format(self) -> bool:
+        return self._structured == "json_schema" or (
+            self._structured == "auto" and not self._schema_rejected
+        )
+
+    async def _send_structured(self, request: LLMRequest) -> Completion:
+        assert request.response_schema is not None
+        # The schema goes into the prompt in every mode: a grammar-constrained local server
+        # enforces the shape but never shows the model what the fields mean.
+        prompted = with_json_instructions(request, request.response_schema)
+        if not self._uses_response_format():
+            return await self._chat(prompted, None)
+        try:
+            return await self._chat(prompted, _response_format(request.response_schema))
+        except LLMError as exc:
+            rejected = isinstance(exc.__cause__, openai.BadRequestError | openai.UnprocessableEntityError)
+            if self._structured == "json_schema" or not rejected:
+                raise
+        answer = await self._chat(prompted, None)
+        self._schema_rejected = True  # only once instructions worked: the 400 had this cause
+        return answer
+
+    def _params(self, request: LLMRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if self._temperature is not None:
+            params["temperature"] = self._temperature
+        max_tokens = request.max_tokens or self._max_tokens
+        if max_tokens is not None:
+            # OpenAI's reasoning models reject max_tokens; most other servers only know max_tokens.
+            name = "max_completion_tokens" if is_paid_url(self._base_url) else "max_tokens"
+            params[name] = max_tokens
+        return params
+
+    async def _chat(
+        self, request: LLMRequest, response_format: ResponseFormatJSONSchema | None
+    ) -> Completion:
+        messages = _messages(request)
+        params = self._params(request)
+        if response_format is not None:
+            params["response_format"] = response_format
+
+        async def attempt() -> Completion:
+            completion = await self._client.chat.completions.create(
+                model=self._model, messages=messages, **params
+            )
+            return _to_completion(completion, self._model)
+
+        return await call_with_retries(
+            attempt, model=self._model, policy=self._policy, classify=self._classify,
+            redactor=self._redact,
+        )

@@ -1,0 +1,70 @@
+"""The result document a debate handler returns and the worker publishes.
+
+Field names follow Synkro's ``asHandler`` where they overlap (``debateOutput``, ``debateSynthesis``,
+``debateRounds``, ``debateStatus``, ``debateTokenUsage``) so Synkro consumers can read our results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from pydantic import BaseModel
+
+from debatebus.engine.result import DebateResult
+from debatebus.engine.transcript import Round
+
+__all__ = ["DEBATE_FIELDS", "result_fields", "rounds_from_builtins", "to_builtins"]
+
+DEBATE_FIELDS = (
+    "debateId",
+    "debateOutput",
+    "debateSynthesis",
+    "debateRounds",
+    "debateStatus",
+    "debateTokenUsage",
+    "debateTranscript",
+    "debateVerdict",
+    "debatePhiHat",
+    "debateSatisfied",
+    "debateError",
+    "debateReplayed",
+)
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def to_builtins(value: Any) -> Any:
+    """Plain JSON-ready data (dicts, lists, str…) from structs and pydantic verdicts."""
+    return msgspec.to_builtins(value, enc_hook=_enc_hook)
+
+
+def result_fields(result: DebateResult, *, replayed: bool = False) -> dict[str, Any]:
+    usage = result.token_usage
+    return {
+        "debateId": result.debate_id,
+        "debateOutput": result.output,
+        "debateSynthesis": result.synthesis,
+        "debateRounds": len(result.rounds),
+        "debateStatus": result.status,
+        "debateTokenUsage": {
+            "promptTokens": usage.prompt_tokens,
+            "completionTokens": usage.completion_tokens,
+            "totalTokens": usage.total_tokens,
+        },
+        "debateTranscript": to_builtins(result.rounds),
+        "debateVerdict": to_builtins(result.verdict),
+        "debatePhiHat": result.phi_hat,
+        "debateSatisfied": result.satisfied,
+        "debateError": result.error,
+        "debateReplayed": replayed,
+    }
+
+
+def rounds_from_builtins(data: Any) -> list[Round]:
+    """Rounds back from their wire/stored form; verdicts stay dicts (the judge schema re-validates)."""
+    return msgspec.convert(data, list[Round])

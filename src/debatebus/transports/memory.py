@@ -1,0 +1,163 @@
+"""In-process transport with Redis Streams semantics: groups, pending entries, redelivery, DLQ.
+
+For tests, the embedded demo and users' own tests. Transports built on the same ``MemoryBroker``
+see the same topics, so a publisher, a worker and a listener can share one in a test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
+
+__all__ = ["MemoryBroker", "MemoryTransport", "default_broker"]
+
+REASON_HEADER = "x-debatebus-reason"
+
+
+@dataclass(slots=True)
+class _Pending:
+    entry: int
+    consumer: str
+    deliveries: int
+    since: float
+
+
+@dataclass(slots=True)
+class _Group:
+    cursor: int = 0
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    requeued: deque[int] = field(default_factory=deque)
+
+
+class MemoryBroker:
+    """The shared state: append-only logs per topic and consumer-group bookkeeping."""
+
+    def __init__(self, *, claim_idle_s: float = 30.0) -> None:
+        self.logs: dict[str, list[Outgoing]] = {}
+        self.groups: dict[tuple[str, str], _Group] = {}
+        self.claim_idle_s = claim_idle_s
+        self._changed = asyncio.Condition()
+
+    def log(self, topic: str) -> list[Outgoing]:
+        return self.logs.setdefault(topic, [])
+
+    async def append(self, messages: Sequence[Outgoing]) -> list[str]:
+        ids = []
+        for message in messages:
+            log = self.log(message.topic)
+            log.append(message)
+            ids.append(f"{len(log)}-0")
+        async with self._changed:
+            self._changed.notify_all()
+        return ids
+
+    async def wait(self, timeout: float) -> None:
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+
+
+_default: MemoryBroker | None = None
+
+
+def default_broker() -> MemoryBroker:
+    """The process-wide broker behind ``memory://`` URLs, made on first use."""
+    global _default
+    if _default is None:
+        _default = MemoryBroker()
+    return _default
+
+
+class MemoryTransport(Transport):
+    atomic_ack = True
+
+    def __init__(self, broker: MemoryBroker | None = None) -> None:
+        self.broker = broker or default_broker()
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+
+    async def publish(self, message: Outgoing) -> str:
+        return (await self.broker.append([message]))[0]
+
+    def _next_for(self, topic: str, group_name: str, consumer: str) -> Delivery | None:
+        group = self.broker.groups.setdefault((topic, group_name), _Group())
+        now = time.monotonic()
+        entry = group.requeued.popleft() if group.requeued else None
+        if entry is None:
+            entry = next(
+                (p.entry for p in group.pending.values()
+                 if now - p.since >= self.broker.claim_idle_s), None)
+        if entry is None:
+            log = self.broker.log(topic)
+            if group.cursor >= len(log):
+                return None
+            entry = group.cursor
+            group.cursor += 1
+        previous = group.pending.get(entry)
+        deliveries = previous.deliveries + 1 if previous else 1
+        group.pending[entry] = _Pending(entry, consumer, deliveries, now)
+        message = self.broker.log(topic)[entry]
+        return Delivery(topic, message.body, f"{entry + 1}-0", deliveries, message.key,
+                        dict(message.headers), token=(group_name, entry))
+
+    async def consume(
+        self, topics: Sequence[str], *, group: str, consumer: str, prefetch: int = 16
+    ) -> AsyncIterator[Delivery]:
+        while not self._closed:
+            found = False
+            for topic in topics:
+                delivery = self._next_for(topic, group, consumer)
+                if delivery is not None:
+                    found = True
+                    yield delivery
+            if not found:
+                await self.broker.wait(min(0.05, self.broker.claim_idle_s))
+
+    def _settle(self, delivery: Delivery) -> bool:
+        group_name, entry = delivery.token
+        group = self.broker.groups[(delivery.topic, group_name)]
+        return group.pending.pop(entry, None) is not None
+
+    async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
+        if self._settle(delivery):
+            await self.broker.append(results)
+
+    async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
+        group_name, entry = delivery.token
+        group = self.broker.groups[(delivery.topic, group_name)]
+        if requeue:
+            if entry in group.pending:
+                group.requeued.append(entry)
+            return
+        if self._settle(delivery):
+            headers = {**delivery.headers, REASON_HEADER: reason, "x-debatebus-origin": delivery.topic}
+            await self.broker.append([Outgoing(dlq_topic(delivery.topic), delivery.body,
+                                               delivery.key, headers)])
+
+    async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
+        return self._follow(topics, {t: len(self.broker.log(t)) for t in topics})
+
+    async def _follow(self, topics: Sequence[str], cursors: dict[str, int]) -> AsyncIterator[Delivery]:
+        while not self._closed:
+            found = False
+            for topic in topics:
+                log = self.broker.log(topic)
+                for index in itertools.count(cursors[topic]):
+                    if index >= len(log):
+                        break
+                    found = True
+                    cursors[topic] = index + 1
+                    m = log[index]
+                    yield Delivery(topic, m.body, f"{index + 1}-0", 1, m.key, dict(m.headers))
+            if not found:
+                await self.broker.wait(0.05)

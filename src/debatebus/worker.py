@@ -1,0 +1,319 @@
+"""``DebateBus``: subscribe debate handlers to event types and serve them on a transport.
+
+The worker decodes, calls, publishes, settles. Every delivery ends settled exactly one way: acked
+with its result (``event:{type}:completed`` / ``…:failed``), or dead-lettered with a reason when
+not even a request id can be read, or left unsettled for redelivery when the broker fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import msgspec
+
+from debatebus.exceptions import ConfigError, InputError, TransportError
+from debatebus.schemas.envelope import (
+    ENVELOPE_DECODER,
+    ENVELOPE_ENCODER,
+    Envelope,
+    completed_topic,
+    failed_topic,
+    now_iso,
+)
+from debatebus.schemas.events import DebateEvent
+from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
+
+__all__ = ["DEFAULT_GROUP", "EVENTS_TOPIC", "DebateBus", "Handler"]
+
+log = logging.getLogger("debatebus.worker")
+
+DEFAULT_GROUP = "debatebus"
+EVENTS_TOPIC = "debate:events"
+EVENT_ENCODER = msgspec.json.Encoder()
+Handler = Callable[..., Awaitable[Mapping[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    event_type: str
+    handler: Handler
+    accepts_context: bool
+
+
+def _accepts_context(handler: Handler) -> bool:
+    """Our DebateHandler takes request_id/on_event; a plain ``async def h(payload)`` does not."""
+    from debatebus.handlers.handler import DebateHandler
+
+    return isinstance(handler, DebateHandler)
+
+
+def _failure_payload(payload: Mapping[str, Any], request_id: str, error: str) -> dict[str, Any]:
+    return {
+        **payload,
+        "debateId": payload.get("debateId") if isinstance(payload.get("debateId"), str) else request_id,
+        "debateStatus": "failed",
+        "debateError": error,
+        "debateRounds": 0,
+        "debateOutput": "",
+        "debateTokenUsage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0},
+    }
+
+
+def _lenient_request_id(body: bytes) -> tuple[str | None, dict[str, Any]]:
+    """Best effort: the requestId and payload of a body that failed strict decoding."""
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None, {}
+    if not isinstance(data, dict):
+        return None, {}
+    rid = data.get("requestId")
+    payload = data.get("payload")
+    return (rid if isinstance(rid, str) and rid else None), (payload if isinstance(payload, dict) else {})
+
+
+class DebateBus:
+    """A worker app: ``app.subscribe("debate:request", debate.as_handler()); await app.run()``."""
+
+    def __init__(
+        self,
+        broker: str | Transport = "memory://",
+        *,
+        group: str = DEFAULT_GROUP,
+        consumer: str | None = None,
+        concurrency: int = 16,
+        max_deliveries: int = 5,
+        max_message_bytes: int = 1024 * 1024,
+        publish_events: bool = False,
+        events_topic: str = EVENTS_TOPIC,
+        drain_timeout: float = 30.0,
+        transport_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
+        if max_deliveries < 1:
+            raise ConfigError(f"max_deliveries must be ≥ 1, got {max_deliveries}")
+        self.broker_url = broker if isinstance(broker, str) else type(broker).__name__
+        self.transport = (
+            transport_from_url(broker, **(transport_options or {})) if isinstance(broker, str) else broker
+        )
+        self.group = group
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.concurrency = concurrency
+        self.max_deliveries = max_deliveries
+        self.max_message_bytes = max_message_bytes
+        self.publish_events = publish_events
+        self.events_topic = events_topic
+        self.drain_timeout = drain_timeout
+        self.routes: dict[str, _Route] = {}
+        self._stopping: asyncio.Event | None = None  # made on the running loop
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._connected = False
+
+    # ---- definition ---------------------------------------------------------------------------
+
+    def subscribe(self, event_type: str, handler: Handler) -> None:
+        if not event_type or not isinstance(event_type, str):
+            raise ConfigError("subscribe needs an event type such as 'debate:request'")
+        if event_type in self.routes:
+            raise ConfigError(f"{event_type!r} already has a handler: one handler per event type")
+        if not callable(handler):
+            raise ConfigError(f"handler for {event_type!r} must be an async callable, got {handler!r}")
+        self.routes[event_type] = _Route(event_type, handler, _accepts_context(handler))
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        if not self._connected:
+            await self.transport.connect()
+            self._connected = True
+
+    async def close(self) -> None:
+        if self._connected:
+            self._connected = False
+            await self.transport.close()
+
+    def stop(self) -> None:
+        """Stop taking new work; in-flight debates drain (``run`` returns when they're done)."""
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def run(self) -> None:
+        """Serve every subscribed event type until ``stop()``, SIGTERM or SIGINT, then drain."""
+        if not self.routes:
+            raise ConfigError("no handlers: call app.subscribe('debate:request', debate.as_handler())")
+        self._stopping = asyncio.Event()
+        await self.connect()
+        await self.transport.ensure_topics(list(self.routes))
+        with self._signals():
+            consumer = asyncio.create_task(self._consume())
+            stopper = asyncio.create_task(self._stopping.wait())
+            await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            consumer.cancel()
+            stopper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+            if consumer.done() and not consumer.cancelled() and consumer.exception():
+                raise consumer.exception()  # type: ignore[misc]
+            await self._drain()
+
+    @contextlib.contextmanager
+    def _signals(self) -> Any:
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+        try:
+            yield
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("received %s: draining %d in-flight debates", sig.name, len(self._inflight))
+        self.stop()
+
+    async def _drain(self) -> None:
+        """Let in-flight debates finish; what can't finish in time stays unsettled, so the broker
+        hands it to another worker (which resumes from its last checkpoint, when there is one)."""
+        if not self._inflight:
+            return
+        _, pending = await asyncio.wait(set(self._inflight), timeout=self.drain_timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("drain timeout: handed back %d unfinished debates", len(pending))
+            await asyncio.wait(pending, timeout=5)
+
+    # ---- consuming ----------------------------------------------------------------------------
+
+    async def _consume(self) -> None:
+        slots = asyncio.Semaphore(self.concurrency)
+        stream = self.transport.consume(
+            list(self.routes), group=self.group, consumer=self.consumer, prefetch=self.concurrency
+        )
+        async for delivery in stream:
+            await slots.acquire()
+            task = asyncio.create_task(self._process(delivery))
+            self._inflight.add(task)
+            task.add_done_callback(lambda t: (self._inflight.discard(t), slots.release()))
+
+    async def _process(self, delivery: Delivery) -> None:
+        try:
+            await self._settle(delivery)
+        except TransportError as exc:
+            log.error("broker error while settling %s %s: %s (left for redelivery)",
+                      delivery.topic, delivery.id, exc)
+        except Exception:
+            log.exception("handler error on %s %s (left for redelivery)", delivery.topic, delivery.id)
+            with contextlib.suppress(TransportError):
+                await self.transport.reject(delivery, "handler raised", requeue=True)
+
+    async def _settle(self, delivery: Delivery) -> None:
+        route = self.routes.get(delivery.topic)
+        if route is None:
+            await self.transport.reject(delivery, f"no handler subscribed for {delivery.topic!r}")
+            return
+        if len(delivery.body) > self.max_message_bytes:
+            await self._reject_or_fail(delivery, (
+                f"message is {len(delivery.body)} bytes, over the limit of {self.max_message_bytes}: "
+                "send a smaller message or raise max_message_bytes"))
+            return
+        if delivery.deliveries > self.max_deliveries:
+            await self.transport.reject(delivery, (
+                f"delivered {delivery.deliveries} times without completing (max_deliveries="
+                f"{self.max_deliveries}): inspect the handler's logs for this request"))
+            return
+        try:
+            request = ENVELOPE_DECODER.decode(delivery.body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self._reject_or_fail(delivery, _decode_reason(exc))
+            return
+        await self._handle(route, delivery, request)
+
+    async def _reject_or_fail(self, delivery: Delivery, reason: str) -> None:
+        """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
+        request_id, payload = _lenient_request_id(delivery.body)
+        if request_id is None:
+            await self.transport.reject(delivery, reason)
+            return
+        request = Envelope(request_id=request_id, payload=payload, type=delivery.topic)
+        await self._ack(delivery, request, _failure_payload(payload, request_id, reason), "failed")
+
+    async def _handle(self, route: _Route, delivery: Delivery, request: Envelope) -> None:
+        try:
+            if route.accepts_context:
+                on_event = self._event_publisher(request) if self.publish_events else None
+                result = await route.handler(request.payload, request_id=request.request_id,
+                                             on_event=on_event)
+            else:
+                result = await route.handler(request.payload)
+        except InputError as exc:
+            result = _failure_payload(request.payload, request.request_id, str(exc))
+        status = "failed" if result.get("debateStatus") == "failed" else "completed"
+        await self._ack(delivery, request, result, status)
+
+    async def _ack(self, delivery: Delivery, request: Envelope, result: Mapping[str, Any],
+                   status: str) -> None:
+        topic = completed_topic(delivery.topic) if status == "completed" else failed_topic(delivery.topic)
+        body = ENVELOPE_ENCODER.encode(Envelope(
+            request_id=request.request_id,
+            payload=dict(result),
+            type=topic,
+            correlation_id=request.correlation_id or request.request_id,
+            causation_id=request.request_id,
+            timestamp=now_iso(),
+            headers=request.headers,
+        ))
+        await self.transport.ack(delivery, [Outgoing(topic, body, key=request.request_id)])
+
+    def _event_publisher(self, request: Envelope) -> Callable[[DebateEvent], Awaitable[None]]:
+        async def publish(event: DebateEvent) -> None:
+            await self.transport.publish(
+                Outgoing(self.events_topic, EVENT_ENCODER.encode(event), key=request.request_id)
+            )
+
+        return publish
+
+    # ---- producing ----------------------------------------------------------------------------
+
+    async def publish(self, event_type: str, payload: Mapping[str, Any], *,
+                      request_id: str | None = None, correlation_id: str | None = None,
+                      headers: Mapping[str, str] | None = None) -> str:
+        """Publish a request envelope; returns its requestId."""
+        await self.connect()
+        rid = request_id or uuid.uuid4().hex
+        body = ENVELOPE_ENCODER.encode(Envelope(
+            request_id=rid, payload=dict(payload), type=event_type, correlation_id=correlation_id,
+            timestamp=now_iso(), headers=dict(headers or {})))
+        await self.transport.publish(Outgoing(event_type, body, key=rid))
+        return rid
+
+
+def _decode_reason(exc: Exception) -> str:
+    text = str(exc)
+    if isinstance(exc, msgspec.ValidationError):
+        return (f"envelope does not match the schema ({text}): send "
+                '{"requestId": "<id>", "payload": {"input": "<topic>"}}')
+    return f"body is not valid JSON ({text}): send a UTF-8 JSON envelope"

@@ -1,0 +1,23 @@
+"""Session-wide fixtures: private brokers started once, and a guard against paid model calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.servers import RedisServer, TansuServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu_server() -> Iterator[TansuServer]:
+    server = TansuServer.start()
+    yield server
+    server.stop()

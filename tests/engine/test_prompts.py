@@ -1,0 +1,226 @@
+"""Prompts: overrides (templates and callables), word limits, and topics that are only data."""
+
+from __future__ import annotations
+
+from debatebus import (
+    PROTOCOL_VERSION,
+    Debate,
+    DebateState,
+    Judge,
+    Participant,
+    PromptContext,
+    Prompts,
+    Utility,
+)
+
+NAMES = ("alice", "bob")
+NASTY_TOPIC = "Summarize {input} and {{ x }} then {0} {topic} {} {{{speaker}}} }{ %s $x"
+
+
+def people() -> list[Participant]:
+    return [Participant(n, f"You are {n}.") for n in NAMES]
+
+
+async def test_a_topic_with_template_syntax_reaches_every_prompt_unchanged(make_stage):
+    stage = make_stage()
+    d = Debate(
+        "nasty",
+        people(),
+        llm=stage.llm,
+        moderator=Participant("moderator", "M"),
+        judge=Judge(),
+        max_rounds=2,
+    )
+    result = await d.run(NASTY_TOPIC)
+
+    assert result.status == "completed"
+    assert result.topic == NASTY_TOPIC
+    assert {r.purpose for r in stage.requests} == {
+        "framing",
+        "opening",
+        "rebuttal",
+        "judge",
+        "synthesis",
+    }
+    for request in stage.requests:
+        assert NASTY_TOPIC in request.prompt, request.purpose
+
+
+async def test_a_topic_with_template_syntax_in_cross_pollination(make_stage):
+    stage = make_stage()
+    d = Debate(
+        "nasty-x",
+        people(),
+        llm=stage.llm,
+        protocol="cross-pollination",
+        moderator=Participant("moderator", "M"),
+        audience="{audience} readers",
+    )
+    await d.run(NASTY_TOPIC)
+
+    purposes = {r.purpose for r in stage.requests}
+    assert purposes == {"framing", "audience", "position", "revision", "synthesis"}
+    for request in stage.requests:
+        assert NASTY_TOPIC in request.prompt, request.purpose
+    assert "Audience: {audience} readers" in stage.prompt_of("moderator", "audience", 0)
+
+
+async def test_answers_with_braces_pass_through_to_later_prompts(make_stage):
+    stage = make_stage(replies={("alice", "opening", 1): "use {topic} and {{ y }}"})
+    d = Debate("braces", people(), llm=stage.llm, moderator=Participant("moderator", "M"))
+    await d.run("plain topic", max_rounds=1)
+    assert "[alice]: use {topic} and {{ y }}" in stage.prompt_of("bob", "opening", 1)
+    assert "[alice]: use {topic} and {{ y }}" in stage.prompt_of("moderator", "synthesis", 1)
+
+
+async def test_a_topic_with_braces_in_a_custom_template(make_stage):
+    stage = make_stage()
+    prompts = Prompts(opening="{{literal}} {speaker} on <{topic}>")
+    await Debate("t", people(), llm=stage.llm, prompts=prompts).run("{input}", max_rounds=1)
+    assert stage.prompt_of("alice", "opening", 1) == "{literal} alice on <{input}>"
+
+
+async def test_string_template_overrides_with_every_documented_field(make_stage):
+    stage = make_stage()
+    template = (
+        "{debate_name}|{speaker}|{round}|{participants}|{topic}|{framing}|{word_limit}|{transcript}"
+    )
+    d = Debate(
+        "fields",
+        people(),
+        llm=stage.llm,
+        moderator=Participant("moderator", "M"),
+        prompts=Prompts(rebuttal=template),
+        word_limits={"rebuttal": 30},
+        max_rounds=2,
+    )
+    await d.run("T")
+
+    assert stage.prompt_of("bob", "rebuttal", 2) == (
+        "fields|bob|2|alice, bob|T|Framing: moderator framing 0\n| Answer in at most 30 words.|"
+        "Round 1:\n[alice]: alice opening 1\n[bob]: bob opening 1\n\n"
+        "Round 2:\n[alice]: alice rebuttal 2"
+    )
+    # The other prompts keep the shipped defaults.
+    assert "give your opening position" in stage.prompt_of("alice", "opening", 1)
+
+
+async def test_callable_prompts_receive_the_context_and_debate_state(make_stage):
+    stage = make_stage(consensus_at=None)
+    contexts: list[PromptContext] = []
+
+    def rebuttal(ctx: PromptContext) -> str:
+        contexts.append(ctx)
+        return f"callable for {ctx.speaker} after {len(ctx.state.rounds)} rounds"
+
+    def judge(ctx: PromptContext) -> str:
+        contexts.append(ctx)
+        return f"judge round {ctx.state.round}"
+
+    d = Debate(
+        "callables",
+        people(),
+        llm=stage.llm,
+        moderator=Participant("moderator", "M"),
+        judge=Judge(),
+        prompts=Prompts(rebuttal=rebuttal, judge=judge),
+        max_rounds=3,
+    )
+    await d.run("T", debate_id="dc")
+
+    assert stage.prompt_of("alice", "rebuttal", 2) == "callable for alice after 1 rounds"
+    assert stage.prompt_of("bob", "rebuttal", 3) == "callable for bob after 2 rounds"
+    assert stage.prompt_of("judge", "judge", 3) == "judge round 3"
+    states = [c.state for c in contexts]
+    assert all(isinstance(s, DebateState) for s in states)
+    assert all(s.debate_id == "dc" and s.topic == "T" for s in states)
+    assert all(s.framing == "moderator framing 0" for s in states)
+    bob_round_3 = next(c for c in contexts if c.speaker == "bob" and c.round == 3)
+    assert bob_round_3.state.verdict.summary == "after round 2"
+    assert bob_round_3.transcript.endswith("Round 3:\n[alice]: alice rebuttal 3")
+    assert bob_round_3.participants == "alice, bob"
+    assert "opening" in stage.prompt_of("alice", "opening", 1)  # still the shipped template
+
+
+async def test_cross_pollination_templates_can_use_utility_fields(make_stage):
+    stage = make_stage()
+    participants = [
+        Participant("alice", "A", utility=Utility("speed", "cost")),
+        Participant("bob", "B", utility=Utility("safety", "risk")),
+    ]
+    prompts = Prompts(
+        position="{speaker} max={maximizes} pen={penalizes}{word_limit}",
+        revision="{speaker} sees:\n{positions}",
+        synthesis="{audience}{positions}",
+    )
+    d = Debate("u", participants, llm=stage.llm, protocol="cross-pollination", prompts=prompts)
+    await d.run("T")
+
+    assert stage.prompt_of("alice", "position", 1) == (
+        "alice max=speed pen=cost Answer in at most 60 words."
+    )
+    assert stage.prompt_of("alice", "revision", 2) == (
+        "alice sees:\n[bob] You maximize: safety. You penalize: risk. bob position 1"
+    )
+    assert stage.prompt_of("synthesis", "synthesis", 2) == (
+        "[alice] You maximize: speed. You penalize: cost. alice revision 2\n"
+        "[bob] You maximize: safety. You penalize: risk. bob revision 2"
+    )
+
+
+async def test_round_robin_word_limits_apply_per_phase(make_stage):
+    stage = make_stage()
+    d = Debate(
+        "limits",
+        people(),
+        llm=stage.llm,
+        moderator=Participant("moderator", "M"),
+        word_limits={"opening": 40, "synthesis": 200},
+        max_rounds=2,
+    )
+    await d.run("T")
+    assert " Answer in at most 40 words." in stage.prompt_of("alice", "opening", 1)
+    assert "Answer in at most" not in stage.prompt_of("alice", "rebuttal", 2)
+    assert stage.prompt_of("moderator", "synthesis", 2).endswith(" Answer in at most 200 words.")
+
+
+async def test_round_robin_has_no_default_word_limits(make_stage):
+    stage = make_stage()
+    await Debate("limits", people(), llm=stage.llm, max_rounds=1).run("T")
+    assert all("Answer in at most" not in r.prompt for r in stage.requests)
+
+
+def test_protocol_version_is_a_constant_string():
+    assert isinstance(PROTOCOL_VERSION, str)
+    assert PROTOCOL_VERSION
+
+
+async def test_every_prompt_can_be_overridden(make_stage):
+    stage = make_stage()
+    names = ("opening", "rebuttal", "judge", "synthesis", "framing")
+    prompts = Prompts(**{name: name + " {topic}" for name in names})
+    d = Debate(
+        "all",
+        people(),
+        llm=stage.llm,
+        moderator=Participant("moderator", "M"),
+        judge=Judge(),
+        prompts=prompts,
+        max_rounds=2,
+    )
+    await d.run("T")
+    assert {(r.purpose, r.prompt) for r in stage.requests} == {(n, f"{n} T") for n in names}
+
+    stage = make_stage()
+    names = ("audience", "position", "revision", "synthesis")
+    prompts = Prompts(**{name: name + " {topic}" for name in names})
+    d = Debate(
+        "all-x",
+        people(),
+        llm=stage.llm,
+        protocol="cross-pollination",
+        audience="A",
+        prompts=prompts,
+    )
+    await d.run("T")
+    assert {(r.purpose, r.prompt) for r in stage.requests} == {(n, f"{n} T") for n in names}
