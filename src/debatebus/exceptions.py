@@ -21,6 +21,7 @@ __all__ = [
     "LLMRateLimitError",
     "LLMResponseError",
     "LLMTimeoutError",
+    "LeaseLostError",
     "ModelRequestsNotAllowedError",
     "ScriptExhaustedError",
     "TransportError",
@@ -45,6 +46,11 @@ class TransportError(DebatebusError):
 
 class DriftError(DebatebusError):
     """A checkpointed debate's definition changed between the run that wrote it and this one."""
+
+
+class LeaseLostError(DebatebusError):
+    """This worker's lease on a debate expired and another worker may have taken it over: the run
+    stopped without publishing, and the request stays with the broker for redelivery."""
 
 
 class LLMError(DebatebusError):

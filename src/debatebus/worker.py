@@ -21,7 +21,7 @@ from typing import Any, Self
 
 import msgspec
 
-from debatebus.exceptions import ConfigError, InputError, TransportError
+from debatebus.exceptions import ConfigError, InputError, LeaseLostError, TransportError
 from debatebus.schemas.envelope import (
     ENVELOPE_DECODER,
     ENVELOPE_ENCODER,
@@ -97,6 +97,7 @@ class DebateBus:
         publish_events: bool = False,
         events_topic: str = EVENTS_TOPIC,
         drain_timeout: float = 30.0,
+        touch_interval_s: float = 10.0,
         transport_options: Mapping[str, Any] | None = None,
     ) -> None:
         if concurrency < 1:
@@ -115,9 +116,10 @@ class DebateBus:
         self.publish_events = publish_events
         self.events_topic = events_topic
         self.drain_timeout = drain_timeout
+        self.touch_interval_s = touch_interval_s
         self.routes: dict[str, _Route] = {}
         self._stopping: asyncio.Event | None = None  # made on the running loop
-        self._inflight: set[asyncio.Task[None]] = set()
+        self._inflight: dict[asyncio.Task[None], Delivery] = {}
         self._connected = False
 
     # ---- definition ---------------------------------------------------------------------------
@@ -167,6 +169,7 @@ class DebateBus:
         with self._signals():
             consumer = asyncio.create_task(self._consume())
             stopper = asyncio.create_task(self._stopping.wait())
+            toucher = asyncio.create_task(self._touch_forever())
             await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
             consumer.cancel()
             stopper.cancel()
@@ -175,6 +178,7 @@ class DebateBus:
             if consumer.done() and not consumer.cancelled() and consumer.exception():
                 raise consumer.exception()  # type: ignore[misc]
             await self._drain()
+            toucher.cancel()
 
     @contextlib.contextmanager
     def _signals(self) -> Any:
@@ -199,7 +203,7 @@ class DebateBus:
         hands it to another worker (which resumes from its last checkpoint, when there is one)."""
         if not self._inflight:
             return
-        _, pending = await asyncio.wait(set(self._inflight), timeout=self.drain_timeout)
+        _, pending = await asyncio.wait(list(self._inflight), timeout=self.drain_timeout)
         for task in pending:
             task.cancel()
         if pending:
@@ -216,12 +220,28 @@ class DebateBus:
         async for delivery in stream:
             await slots.acquire()
             task = asyncio.create_task(self._process(delivery))
-            self._inflight.add(task)
-            task.add_done_callback(lambda t: (self._inflight.discard(t), slots.release()))
+            self._inflight[task] = delivery
+            task.add_done_callback(self._done)
+            task.add_done_callback(lambda _: slots.release())
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.pop(task, None)
+
+    async def _touch_forever(self) -> None:
+        """Keep long debates' deliveries alive at the broker while this worker is."""
+        while True:
+            await asyncio.sleep(self.touch_interval_s)
+            if self._inflight:
+                try:
+                    await self.transport.touch(list(self._inflight.values()))
+                except TransportError as exc:
+                    log.warning("could not touch in-flight deliveries: %s", exc)
 
     async def _process(self, delivery: Delivery) -> None:
         try:
             await self._settle(delivery)
+        except LeaseLostError as exc:
+            log.warning("%s (%s %s left for redelivery)", exc, delivery.topic, delivery.id)
         except TransportError as exc:
             log.error("broker error while settling %s %s: %s (left for redelivery)",
                       delivery.topic, delivery.id, exc)

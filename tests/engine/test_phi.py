@@ -122,6 +122,12 @@ def test_tokens_are_exactly_the_runs_of_three_or_more_letters_after_casefolding(
     assert tokenize(text) == {run for run in runs if len(run) >= 3}
 
 
+@given(st.text(alphabet=st.characters(max_codepoint=127), max_size=60))
+def test_tokenize_matches_the_letter_rule_on_ascii(text):
+    runs = "".join(ch if ch.isalpha() else " " for ch in text.casefold()).split()
+    assert tokenize(text) == {run for run in runs if len(run) >= 3}
+
+
 @given(st.text(alphabet=st.characters(categories=["L", "N", "P", "Z", "M"]), max_size=40))
 def test_tokenize_matches_the_letter_rule_on_mixed_scripts(text):
     runs = "".join(ch if ch.isalpha() else " " for ch in text.casefold()).split()

@@ -6,8 +6,9 @@ import argparse
 import asyncio
 import importlib
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from types import ModuleType
+from typing import Any
 
 __all__ = ["main"]
 
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(func: Callable[[argparse.Namespace], Awaitable[int]], args: argparse.Namespace) -> int:
+def _run(func: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
     try:
         import uvloop
 

@@ -22,13 +22,14 @@ def _committed(run: Run, number: int) -> Round | None:
     return next((r for r in run.progress.rounds if r.number == number), None)
 
 
-def _positions_text(run: Run, texts: Mapping[str, str], exclude: str = "") -> str:
+def _position_lines(run: Run, texts: Mapping[str, str]) -> dict[str, str]:
+    """Each participant's text as the others see it: name, utility, then the text."""
     by_name = {p.name: p for p in run.spec.participants}
-    return "\n".join(
-        f"[{name}]{utility_text(by_name[name])} {text}"
-        for name, text in texts.items()
-        if name != exclude
-    )
+    return {name: f"[{name}]{utility_text(by_name[name])} {text}" for name, text in texts.items()}
+
+
+def _positions_text(lines: Mapping[str, str], exclude: str = "") -> str:
+    return "\n".join(line for name, line in lines.items() if name != exclude)
 
 
 async def _audience(run: Run) -> str:
@@ -60,6 +61,7 @@ async def _phase(
     if rnd is not None:
         return rnd
     usage_before = await run.start_round(number, phase)
+    lines = _position_lines(run, texts)
 
     async def turn(p: Participant) -> Turn:
         prompt = run.prompt(
@@ -70,7 +72,7 @@ async def _phase(
             utility=utility_text(p),
             maximizes=p.utility.maximizes if p.utility else "",
             penalizes=p.utility.penalizes if p.utility else "",
-            positions=_positions_text(run, texts, exclude=p.name),
+            positions=_positions_text(lines, exclude=p.name),
         )
         return await run.speak(p, phase, number, prompt)
 
@@ -110,6 +112,6 @@ async def run_cross_pollination(run: Run) -> None:
         writer.name,
         REVISION,
         audience=audience,
-        positions=_positions_text(run, revised),
+        positions=_positions_text(_position_lines(run, revised)),
     )
     await run.synthesize(writer, REVISION, prompt)

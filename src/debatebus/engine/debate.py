@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from debatebus.engine.cross_pollination import run_cross_pollination
 from debatebus.engine.definition import Budget, DebateSpec, Judge, Participant, Until, build_spec
+from debatebus.engine.fingerprint import definition_hash
 from debatebus.engine.prompts import Prompts
 from debatebus.engine.result import DebateResult, Progress
 from debatebus.engine.round_robin import run_round_robin
@@ -47,7 +49,11 @@ class Debate:
         audience: str | None = None,
         budget: Budget | None = None,
         deadline_s: float | None = None,
+        drift: str = "strict",
     ) -> None:
+        if drift not in ("strict", "loose"):
+            raise ConfigError(f"unknown drift {drift!r}: use 'strict' or 'loose'")
+        self.drift = drift
         self.spec: DebateSpec = build_spec(
             name,
             participants,
@@ -70,6 +76,11 @@ class Debate:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @functools.cached_property
+    def definition_hash(self) -> str:
+        """Stable hash of the definition; checkpoints record it to detect drift on resume."""
+        return definition_hash(self.spec)
 
     def __repr__(self) -> str:
         names = [p.name for p in self.spec.participants]

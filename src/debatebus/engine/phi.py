@@ -11,10 +11,13 @@ __all__ = ["compute_phi_hat", "interpret_phi_hat", "tokenize"]
 # Runs of word characters; letters are most of them, and tokenize() splits off the rest (digits,
 # "_", numerics such as "²"). Faster than matching a letters-only class directly.
 _WORD = re.compile(r"\w{3,}")
+_ASCII_WORD = re.compile(r"[a-z]{3,}")
 
 
 def tokenize(text: str) -> set[str]:
     """Case-folded words of three or more Unicode letters."""
+    if text.isascii():  # ASCII letters are a-z once lowered (which is casefolding, for ASCII)
+        return set(_ASCII_WORD.findall(text.lower()))
     words = set(_WORD.findall(text.casefold()))
     if "".join(words).isalpha():  # the common case: every run is letters only
         return words

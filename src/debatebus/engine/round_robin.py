@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from debatebus.engine.rules import round_robin_phi
 from debatebus.engine.run import Run
-from debatebus.engine.transcript import Round, Turn, render_round
+from debatebus.engine.transcript import Round, Turn, render_turns
 
 __all__ = ["run_round_robin"]
 
@@ -14,7 +14,7 @@ def _window_text(run: Run, number: int, current: list[Turn]) -> str:
     window = run.spec.transcript_window
     parts = run.rendered if window is None else run.rendered[-window:]
     if current:
-        parts = [*parts, render_round(Round(number=number, turns=current))]
+        parts = [*parts, render_turns(number, current)]
     return "\n\n".join(parts)
 
 

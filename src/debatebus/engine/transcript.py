@@ -46,7 +46,12 @@ def _render_turns(turns: Iterable[Turn]) -> str:
 
 
 def render_round(rnd: Round) -> str:
-    return f"Round {rnd.number}:\n{_render_turns(rnd.turns)}"
+    return render_turns(rnd.number, rnd.turns)
+
+
+def render_turns(number: int, turns: Iterable[Turn]) -> str:
+    """Round ``number`` as prompt text: a header, then each successful turn on its own line."""
+    return f"Round {number}:\n{_render_turns(turns)}"
 
 
 class Transcript:
@@ -67,8 +72,7 @@ class Transcript:
         rounds = self._rounds if last_rounds is None else self._rounds[-last_rounds:]
         parts = [render_round(r) for r in rounds]
         if self._current:
-            number = self._current[0].round
-            parts.append(f"Round {number}:\n{_render_turns(self._current)}")
+            parts.append(render_turns(self._current[0].round, self._current))
         return "\n\n".join(parts)
 
     def by_speaker(self, name: str) -> list[Turn]:

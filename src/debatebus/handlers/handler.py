@@ -6,12 +6,14 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from debatebus.engine.result import DebateResult
+from debatebus.checkpoints.base import CheckpointStore
 from debatebus.engine.run import OnEvent
+from debatebus.handlers.durable import DurableRunner
 from debatebus.handlers.inputs import (
     DEFAULT_MAX_INPUT_BYTES,
     read_debate_id,
     read_max_rounds,
+    read_replay,
     read_topic,
 )
 from debatebus.schemas.results import result_fields
@@ -27,9 +29,21 @@ class DebateHandler:
     ``debate*`` result fields. Raises ``InputError`` for a malformed payload; never raises for a
     failed debate (``debateStatus`` says ``"failed"``)."""
 
-    def __init__(self, debate: Debate, *, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> None:
+    def __init__(
+        self,
+        debate: Debate,
+        *,
+        store: CheckpointStore | None = None,
+        lease_ttl_s: float = 30.0,
+        owner: str | None = None,
+        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+    ) -> None:
         self.debate = debate
+        self.store = store
         self.max_input_bytes = max_input_bytes
+        self.durable = (
+            DurableRunner(debate, store, owner=owner, lease_ttl_s=lease_ttl_s) if store else None
+        )
 
     @property
     def name(self) -> str:
@@ -45,18 +59,13 @@ class DebateHandler:
         topic = read_topic(payload, self.max_input_bytes)
         max_rounds = read_max_rounds(payload, self.debate.spec.max_rounds)
         debate_id = read_debate_id(payload) or request_id or uuid.uuid4().hex
-        result = await self.run(topic, debate_id, max_rounds, request_id, on_event)
-        return {**payload, **result_fields(result)}
-
-    async def run(
-        self,
-        topic: str,
-        debate_id: str,
-        max_rounds: int | None,
-        request_id: str | None,
-        on_event: OnEvent | None,
-    ) -> DebateResult:
-        return await self.debate.run(
+        if read_replay(payload) == "rerun":
+            debate_id = f"{debate_id}~rerun-{uuid.uuid4().hex[:8]}"
+        if self.durable is not None:
+            fields = await self.durable.run(topic, debate_id, max_rounds, request_id, on_event)
+            return {**payload, **fields}
+        result = await self.debate.run(
             topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,
             request_id=request_id,
         )
+        return {**payload, **result_fields(result)}

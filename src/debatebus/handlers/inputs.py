@@ -7,7 +7,13 @@ from typing import Any
 
 from debatebus.exceptions import InputError
 
-__all__ = ["DEFAULT_MAX_INPUT_BYTES", "read_debate_id", "read_max_rounds", "read_topic"]
+__all__ = [
+    "DEFAULT_MAX_INPUT_BYTES",
+    "read_debate_id",
+    "read_max_rounds",
+    "read_replay",
+    "read_topic",
+]
 
 DEFAULT_MAX_INPUT_BYTES = 64 * 1024
 
@@ -51,3 +57,13 @@ def read_debate_id(payload: Mapping[str, Any]) -> str | None:
     if not isinstance(value, str) or not value or len(value) > 256:
         raise InputError(f"payload.debateId must be a non-empty string of ≤ 256 characters, got {value!r}")
     return value
+
+
+def read_replay(payload: Mapping[str, Any]) -> str | None:
+    """``"replay": "rerun"`` asks for a fresh run under a new debate id instead of the stored result."""
+    value = payload.get("replay")
+    if value is None:
+        return None
+    if value != "rerun":
+        raise InputError(f'payload.replay must be "rerun" (to run afresh), got {value!r}')
+    return "rerun"

@@ -16,7 +16,9 @@ try:
     import anthropic
     from anthropic.types import AssistantMessageParam, MessageParam, UserMessageParam
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("AnthropicLLM needs the anthropic SDK: pip install 'debatebus[anthropic]'") from _exc
+    raise ImportError(
+        "AnthropicLLM needs the anthropic SDK: pip install 'debatebus[anthropic]'"
+    ) from _exc
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError, LLMTimeoutError
 from debatebus.llm.base import LLMRequest, LLMResponse
@@ -40,7 +42,9 @@ _DETAIL_LIMIT = 300
 def map_anthropic_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
     """Translate an ``anthropic`` SDK exception into our tree; None for anything else."""
     if isinstance(exc, anthropic.APITimeoutError):
-        return ProviderFailure(LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True)
+        return ProviderFailure(
+            LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True
+        )
     if isinstance(exc, anthropic.APIConnectionError):
         return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
     if isinstance(exc, anthropic.APIStatusError):
@@ -149,7 +153,9 @@ class AnthropicLLM:
             answer = await self._send(request)
             return LLMResponse(answer.text, None, answer.usage, self._model, answer.raw)
         prompted = with_json_instructions(request, request.response_schema)
-        return await complete_structured(prompted, self._send, model=self._model, redact=self._redact)
+        return await complete_structured(
+            prompted, self._send, model=self._model, redact=self._redact
+        )
 
     async def _send(self, request: LLMRequest) -> Completion:
         extra: dict[str, Any] = {}
@@ -169,6 +175,9 @@ class AnthropicLLM:
             return _to_completion(message, self._model)
 
         return await call_with_retries(
-            attempt, model=self._model, policy=self._policy, classify=self._classify,
+            attempt,
+            model=self._model,
+            policy=self._policy,
+            classify=self._classify,
             redactor=self._redact,
         )

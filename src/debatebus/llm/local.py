@@ -147,9 +147,14 @@ class LocalLLM:
         if schema is None:
             answer = await self._generate(request, None)
             return LLMResponse(answer.text, None, answer.usage, self.model, answer.raw)
-        response_format = {"type": "json_object", "schema": _cap_strings(schema.model_json_schema())}
+        response_format = {
+            "type": "json_object",
+            "schema": _cap_strings(schema.model_json_schema()),
+        }
         send = partial(self._generate, response_format=response_format)
-        return await complete_structured(with_json_instructions(request, schema), send, model=self.model)
+        return await complete_structured(
+            with_json_instructions(request, schema), send, model=self.model
+        )
 
     def _lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
@@ -158,7 +163,9 @@ class LocalLLM:
             lock = self._loop_locks[loop] = asyncio.Lock()
         return lock
 
-    async def _generate(self, request: LLMRequest, response_format: dict[str, Any] | None) -> Completion:
+    async def _generate(
+        self, request: LLMRequest, response_format: dict[str, Any] | None
+    ) -> Completion:
         async with self._lock():
             return await asyncio.to_thread(self._run, request, response_format)
 

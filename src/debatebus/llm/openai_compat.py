@@ -21,7 +21,6 @@ try:
         ChatCompletionMessageParam,
         ChatCompletionUserMessageParam,
     )
-    from openai.types.shared_params import ResponseFormatJSONSchema
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "OpenAICompatibleLLM needs the openai SDK: pip install 'debatebus[openai]'"
@@ -44,8 +43,10 @@ from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["OpenAICompatibleLLM", "map_openai_error", "strict_json_schema"]
 
-StructuredMode = Literal["auto", "json_schema", "instructions"]
-_MODES: tuple[StructuredMode, ...] = ("auto", "json_schema", "instructions")
+StructuredMode = Literal["auto", "json_schema", "json_object", "instructions"]
+_MODES: tuple[StructuredMode, ...] = ("auto", "json_schema", "json_object", "instructions")
+# What "auto" tries, best first, stepping down when a server rejects a response_format.
+_LADDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "instructions")
 # Local servers ignore the key, but the SDK refuses to start without one.
 _PLACEHOLDER_KEY = "not-needed"
 _DETAIL_LIMIT = 300
@@ -66,7 +67,9 @@ def _error_detail(exc: openai.APIError) -> str:
 def map_openai_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
     """Translate an ``openai`` SDK exception into our tree; None for anything else."""
     if isinstance(exc, openai.APITimeoutError):
-        return ProviderFailure(LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True)
+        return ProviderFailure(
+            LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True
+        )
     if isinstance(exc, openai.APIConnectionError):
         return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
     if isinstance(exc, openai.APIStatusError):
@@ -123,8 +126,17 @@ def strict_json_schema(schema: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
-def _response_format(schema: type[BaseModel]) -> ResponseFormatJSONSchema:
+def _response_format(schema: type[BaseModel], mode: StructuredMode) -> dict[str, Any] | None:
+    """The ``response_format`` for ``mode``: None for plain instructions.
+
+    ``json_object`` carries the schema too: llama.cpp's and llama-cpp-python's servers compile it
+    into a grammar; servers that don't know the field ignore it.
+    """
     plain = schema.model_json_schema()
+    if mode == "json_object":
+        return {"type": "json_object", "schema": plain}
+    if mode != "json_schema":
+        return None
     strict = strict_json_schema(plain)
     name = re.sub(r"[^A-Za-z0-9_-]", "_", schema.__name__)[:64] or "response"
     return {
@@ -133,13 +145,40 @@ def _response_format(schema: type[BaseModel]) -> ResponseFormatJSONSchema:
     }
 
 
+def _rejects_format(exc: BaseException | None) -> bool:
+    """Whether a server refused a response_format: a 400/422, or any status whose error names it.
+
+    llama-cpp-python's server, for one, answers an unknown response_format type with a 500 that
+    retrying cannot fix.
+    """
+    if isinstance(exc, openai.BadRequestError | openai.UnprocessableEntityError):
+        return True
+    return isinstance(exc, openai.APIStatusError) and any(
+        word in exc.message for word in ("response_format", "json_schema")
+    )
+
+
+def _map_structured_error(
+    exc: BaseException, *, model: str, base_url: str
+) -> ProviderFailure | None:
+    """``map_openai_error`` for calls carrying a response_format: its rejection is final."""
+    if _rejects_format(exc):
+        assert isinstance(exc, openai.APIStatusError)
+        detail = _error_detail(exc)
+        error = LLMError(f"{model}: HTTP {exc.status_code}, response_format rejected: {detail}")
+        return ProviderFailure(error, exc)
+    return map_openai_error(exc, model=model, base_url=base_url)
+
+
 def _messages(request: LLMRequest) -> list[ChatCompletionMessageParam]:
     messages: list[ChatCompletionMessageParam] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
     for message in request.messages:
         if message.role == "assistant":
-            messages.append(ChatCompletionAssistantMessageParam(role="assistant", content=message.content))
+            messages.append(
+                ChatCompletionAssistantMessageParam(role="assistant", content=message.content)
+            )
         else:
             messages.append(ChatCompletionUserMessageParam(role="user", content=message.content))
     return messages
@@ -160,7 +199,9 @@ def _to_completion(completion: Any, model: str) -> Completion:
     try:
         message = completion.choices[0].message
     except (AttributeError, IndexError, KeyError, TypeError) as exc:
-        raise LLMResponseError(f"{model}: malformed response without choices: {completion!r:.300}") from exc
+        raise LLMResponseError(
+            f"{model}: malformed response without choices: {completion!r:.300}"
+        ) from exc
     content = getattr(message, "content", None)
     refusal = getattr(message, "refusal", None)
     if content is None and refusal:
@@ -174,9 +215,10 @@ class OpenAICompatibleLLM:
     """A model behind an OpenAI-compatible Chat Completions endpoint.
 
     ``structured`` picks how judges get JSON: ``"json_schema"`` sends a JSON-schema
-    ``response_format`` (strict when the schema allows); ``"instructions"`` only asks for JSON in the
-    system prompt; ``"auto"`` tries the schema and falls back to instructions for good once the
-    server rejects it. Either way the answer is extracted, validated and repaired once.
+    ``response_format`` (strict when the schema allows); ``"json_object"`` sends JSON mode with the
+    schema attached (grammar-constrained on llama.cpp servers); ``"instructions"`` only asks for
+    JSON in the system prompt (it always does that too); ``"auto"`` tries them in that order and
+    keeps the first the server accepts. Either way the answer is validated and repaired once.
 
     The key comes from ``api_key`` or ``OPENAI_API_KEY``; a server that is not a paid provider gets
     a placeholder when neither is set. ``retry_policy``, when given, replaces the policy built from
@@ -217,9 +259,12 @@ class OpenAICompatibleLLM:
         self._temperature = temperature
         self._max_tokens = max_tokens
         self._structured: StructuredMode = structured
-        self._schema_rejected = False
+        self._rung = 0  # position on _LADDER reached by "auto"
         self._policy = retry_policy or RetryPolicy(max_retries=max_retries, timeout=timeout)
         self._classify = partial(map_openai_error, model=model, base_url=self._base_url)
+        self._classify_structured = partial(
+            _map_structured_error, model=model, base_url=self._base_url
+        )
 
     @property
     def model(self) -> str:
@@ -244,27 +289,26 @@ class OpenAICompatibleLLM:
             request, self._send_structured, model=self._model, redact=self._redact
         )
 
-    def _uses_response_format(self) -> bool:
-        return self._structured == "json_schema" or (
-            self._structured == "auto" and not self._schema_rejected
-        )
-
     async def _send_structured(self, request: LLMRequest) -> Completion:
-        assert request.response_schema is not None
+        schema = request.response_schema
+        assert schema is not None
         # The schema goes into the prompt in every mode: a grammar-constrained local server
         # enforces the shape but never shows the model what the fields mean.
-        prompted = with_json_instructions(request, request.response_schema)
-        if not self._uses_response_format():
-            return await self._chat(prompted, None)
-        try:
-            return await self._chat(prompted, _response_format(request.response_schema))
-        except LLMError as exc:
-            rejected = isinstance(exc.__cause__, openai.BadRequestError | openai.UnprocessableEntityError)
-            if self._structured == "json_schema" or not rejected:
-                raise
-        answer = await self._chat(prompted, None)
-        self._schema_rejected = True  # only once instructions worked: the 400 had this cause
-        return answer
+        prompted = with_json_instructions(request, schema)
+        if self._structured != "auto":
+            return await self._chat(prompted, _response_format(schema, self._structured))
+        rung = self._rung
+        while True:
+            try:
+                answer = await self._chat(prompted, _response_format(schema, _LADDER[rung]))
+            except LLMError as exc:
+                if rung == len(_LADDER) - 1 or not _rejects_format(exc.__cause__):
+                    raise
+                rung += 1
+                continue
+            # Remembered only once accepted, so a 400 with another cause can't stick.
+            self._rung = rung
+            return answer
 
     def _params(self, request: LLMRequest) -> dict[str, Any]:
         params: dict[str, Any] = {}
@@ -278,7 +322,7 @@ class OpenAICompatibleLLM:
         return params
 
     async def _chat(
-        self, request: LLMRequest, response_format: ResponseFormatJSONSchema | None
+        self, request: LLMRequest, response_format: dict[str, Any] | None
     ) -> Completion:
         messages = _messages(request)
         params = self._params(request)
@@ -292,6 +336,9 @@ class OpenAICompatibleLLM:
             return _to_completion(completion, self._model)
 
         return await call_with_retries(
-            attempt, model=self._model, policy=self._policy, classify=self._classify,
+            attempt,
+            model=self._model,
+            policy=self._policy,
+            classify=self._classify if response_format is None else self._classify_structured,
             redactor=self._redact,
         )

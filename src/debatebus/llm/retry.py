@@ -96,7 +96,9 @@ class Redactor:
         return value
 
 
-def parse_retry_after(headers: Mapping[str, str] | None, *, now: datetime | None = None) -> float | None:
+def parse_retry_after(
+    headers: Mapping[str, str] | None, *, now: datetime | None = None
+) -> float | None:
     """Seconds the server asked us to wait: ``retry-after-ms``, or ``Retry-After`` (seconds or date)."""
     if not headers:
         return None

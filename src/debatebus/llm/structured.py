@@ -103,7 +103,9 @@ def parse_structured(text: str, schema: type[BaseModel]) -> BaseModel:
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise InvalidStructuredOutput(f"it does not validate as {schema.__name__}: {_describe(exc)}") from exc
+        raise InvalidStructuredOutput(
+            f"it does not validate as {schema.__name__}: {_describe(exc)}"
+        ) from exc
 
 
 def repair_request(request: LLMRequest, bad_text: str, reason: str) -> LLMRequest:
@@ -134,7 +136,9 @@ async def complete_structured(
         raise TypeError("complete_structured needs a request with a response_schema")
     first = await send(request)
     try:
-        return LLMResponse(first.text, parse_structured(first.text, schema), first.usage, model, first.raw)
+        return LLMResponse(
+            first.text, parse_structured(first.text, schema), first.usage, model, first.raw
+        )
     except InvalidStructuredOutput as exc:
         reason = str(exc)
     try:

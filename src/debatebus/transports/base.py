@@ -102,5 +102,10 @@ class Transport(abc.ABC):
         settling. Awaiting it establishes the position (so a request published next cannot slip
         past its listener); iterating yields messages; ``aclose()`` on the iterator stops it."""
 
+    async def touch(self, deliveries: Sequence[Delivery]) -> None:  # noqa: B027 - optional hook
+        """Tell the broker these deliveries are still being worked on, so a long debate is not
+        reclaimed from a live worker (Streams: reset their idle time). A no-op where the broker
+        tracks liveness itself (Kafka heartbeats)."""
+
     async def ensure_topics(self, topics: Sequence[str]) -> None:  # noqa: B027 - optional hook
         """Create topics/groups that must exist before consuming (Kafka); a no-op elsewhere."""

@@ -7,6 +7,7 @@ see the same topics, so a publisher, a worker and a listener can share one in a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections import deque
@@ -42,7 +43,9 @@ class MemoryBroker:
         self.logs: dict[str, list[Outgoing]] = {}
         self.groups: dict[tuple[str, str], _Group] = {}
         self.claim_idle_s = claim_idle_s
-        self._changed = asyncio.Condition()
+        # Plain futures rather than a Condition: the process-wide broker outlives event loops
+        # (one per test), and a waiter only ever lives on the loop that is waiting.
+        self._waiters: set[asyncio.Future[None]] = set()
 
     def log(self, topic: str) -> list[Outgoing]:
         return self.logs.setdefault(topic, [])
@@ -53,16 +56,19 @@ class MemoryBroker:
             log = self.log(message.topic)
             log.append(message)
             ids.append(f"{len(log)}-0")
-        async with self._changed:
-            self._changed.notify_all()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
         return ids
 
     async def wait(self, timeout: float) -> None:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout)
-            except TimeoutError:
-                pass
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._waiters.discard(waiter)
 
 
 _default: MemoryBroker | None = None
@@ -127,6 +133,14 @@ class MemoryTransport(Transport):
         group_name, entry = delivery.token
         group = self.broker.groups[(delivery.topic, group_name)]
         return group.pending.pop(entry, None) is not None
+
+    async def touch(self, deliveries: Sequence[Delivery]) -> None:
+        now = time.monotonic()
+        for delivery in deliveries:
+            group_name, entry = delivery.token
+            pending = self.broker.groups[(delivery.topic, group_name)].pending.get(entry)
+            if pending is not None:
+                pending.since = now
 
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
         if self._settle(delivery):

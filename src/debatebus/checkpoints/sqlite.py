@@ -1,0 +1,322 @@
+"""SQLite checkpoint store: the embedded default for one host (stdlib sqlite3, WAL).
+
+Every call runs on one dedicated worker thread that owns the connection, so the event loop never
+blocks on disk I/O and the connection is never shared between threads. Several processes may
+open the same file: writes take ``BEGIN IMMEDIATE`` (the busy timeout makes them queue rather than
+fail) and lease expiry is wall-clock time, which all processes on the host agree on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from debatebus.checkpoints._common import COUNTERS_SIZE, lease_ttl_ms, not_begun, result_ttl_ms
+from debatebus.checkpoints.base import CheckpointStore, Counters, Lease, StoredCheckpoint
+from debatebus.exceptions import TransportError
+
+__all__ = ["SQLiteCheckpointStore"]
+
+T = TypeVar("T")
+
+BUSY_TIMEOUT_S = 30.0
+# Bound on ids per ``IN (...)`` so has_results never hits SQLITE_MAX_VARIABLE_NUMBER.
+_IN_CHUNK = 500
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS checkpoints (
+    debate_id TEXT PRIMARY KEY,
+    header BLOB NOT NULL,
+    n_entries INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    total_tokens INTEGER NOT NULL DEFAULT 0,
+    calls INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS entries (
+    debate_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (debate_id, seq)
+);
+CREATE TABLE IF NOT EXISTS results (
+    debate_id TEXT PRIMARY KEY,
+    body BLOB NOT NULL,
+    expires_at REAL
+);
+CREATE INDEX IF NOT EXISTS results_expiry ON results (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS leases (
+    debate_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+
+
+@contextlib.contextmanager
+def _write(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    # IMMEDIATE takes the write lock up front: a deferred transaction that upgrades later can get
+    # SQLITE_BUSY without the busy handler ever waiting, which would break cross-process writers.
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.rollback()
+        raise
+    db.commit()
+
+
+@contextlib.contextmanager
+def _read(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    # One read transaction = one WAL snapshot, so header, entries and counters agree.
+    db.execute("BEGIN")
+    try:
+        yield db
+    finally:
+        db.rollback()
+
+
+def _open(path: str) -> sqlite3.Connection:
+    # isolation_level=None: no implicit transactions; _write/_read say exactly where they are.
+    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    db.executescript(_SCHEMA)
+    return db
+
+
+class SQLiteCheckpointStore(CheckpointStore):
+    """Checkpoints in a SQLite file. ``result_ttl_s`` makes final results expire (None: never)."""
+
+    def __init__(self, path: str | Path, *, result_ttl_s: float | None = None) -> None:
+        self.path = str(path)
+        self._result_ttl_ms = result_ttl_ms(result_ttl_s)
+        self._executor: ThreadPoolExecutor | None = None
+        self._db: sqlite3.Connection | None = None
+        self._connecting = asyncio.Lock()
+
+    # ---- plumbing -----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        async with self._connecting:
+            if self._executor is not None:
+                return
+            executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="debatebus-sqlite")
+            try:
+                self._db = await self._on(executor, lambda: _open(self.path))
+            except BaseException:
+                executor.shutdown(wait=False)
+                raise
+            self._executor = executor
+
+    async def close(self) -> None:
+        executor, db = self._executor, self._db
+        if executor is None or db is None:
+            return
+        self._executor = self._db = None
+        try:
+            await self._on(executor, db.close)
+        finally:
+            executor.shutdown(wait=False)  # the queue is empty: the thread exits on its own
+
+    async def _on(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, fn)
+        except sqlite3.Error as exc:
+            raise TransportError(
+                f"SQLite checkpoint store {self.path!r} failed: {exc}. Check that the directory "
+                "exists and is writable, the disk is not full, and the file is on a local disk "
+                "(WAL needs shared memory: not NFS)"
+            ) from exc
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._executor is None:
+            await self.connect()
+        executor, db = self._executor, self._db
+        assert executor is not None and db is not None
+        return await self._on(executor, lambda: fn(db))
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    async def begin(self, debate_id: str, header: bytes) -> bytes:
+        def op(db: sqlite3.Connection) -> bytes:
+            with _write(db):
+                db.execute(
+                    "INSERT INTO checkpoints (debate_id, header) VALUES (?, ?) "
+                    "ON CONFLICT (debate_id) DO NOTHING",
+                    (debate_id, header),
+                )
+                row = db.execute(
+                    "SELECT header FROM checkpoints WHERE debate_id = ?", (debate_id,)
+                ).fetchone()
+            return bytes(row[0])
+
+        return await self._run(op)
+
+    async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
+        def op(db: sqlite3.Connection) -> int:
+            with _write(db):
+                row = db.execute(
+                    "UPDATE checkpoints SET n_entries = n_entries + 1, prompt_tokens = ?, "
+                    "completion_tokens = ?, total_tokens = ?, calls = ? "
+                    "WHERE debate_id = ? RETURNING n_entries",
+                    (counters.prompt_tokens, counters.completion_tokens, counters.total_tokens,
+                     counters.calls, debate_id),
+                ).fetchone()
+                if row is None:
+                    raise not_begun(debate_id)
+                # seq is the 1-based entry number; earlier rows are never touched again.
+                db.execute(
+                    "INSERT INTO entries (debate_id, seq, body) VALUES (?, ?, ?)",
+                    (debate_id, row[0], entry),
+                )
+            return int(row[0])
+
+        return await self._run(op)
+
+    async def load(self, debate_id: str) -> StoredCheckpoint | None:
+        def op(db: sqlite3.Connection) -> StoredCheckpoint | None:
+            with _read(db):
+                row = db.execute(
+                    "SELECT header, prompt_tokens, completion_tokens, total_tokens, calls "
+                    "FROM checkpoints WHERE debate_id = ?",
+                    (debate_id,),
+                ).fetchone()
+                if row is None:
+                    return None
+                bodies = db.execute(
+                    "SELECT body FROM entries WHERE debate_id = ? ORDER BY seq", (debate_id,)
+                ).fetchall()
+            counters = Counters(*(int(v) for v in row[1:]))
+            return StoredCheckpoint(bytes(row[0]), [bytes(b[0]) for b in bodies], counters)
+
+        return await self._run(op)
+
+    async def size_bytes(self, debate_id: str) -> int:
+        def op(db: sqlite3.Connection) -> int:
+            row = db.execute(
+                "SELECT length(header), (SELECT coalesce(sum(length(body)), 0) FROM entries "
+                "WHERE debate_id = ?1) FROM checkpoints WHERE debate_id = ?1",
+                (debate_id,),
+            ).fetchone()
+            return 0 if row is None else int(row[0]) + int(row[1]) + COUNTERS_SIZE
+
+        return await self._run(op)
+
+    # ---- results ------------------------------------------------------------------------------
+
+    async def put_result(self, debate_id: str, result: bytes) -> None:
+        now = time.time()
+        ttl = self._result_ttl_ms
+        expires_at = None if ttl is None else now + ttl / 1000
+
+        def op(db: sqlite3.Connection) -> None:
+            with _write(db):
+                db.execute(
+                    "INSERT INTO results (debate_id, body, expires_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (debate_id) DO UPDATE SET body = excluded.body, "
+                    "expires_at = excluded.expires_at",
+                    (debate_id, result, expires_at),
+                )
+                db.execute("DELETE FROM entries WHERE debate_id = ?", (debate_id,))
+                db.execute("DELETE FROM checkpoints WHERE debate_id = ?", (debate_id,))
+                # Expired results are invisible to reads; sweeping them here keeps the file
+                # bounded without a background task (the partial index makes this cheap).
+                db.execute("DELETE FROM results WHERE expires_at <= ?", (now,))
+
+        await self._run(op)
+
+    async def get_result(self, debate_id: str) -> bytes | None:
+        def op(db: sqlite3.Connection) -> bytes | None:
+            row = db.execute(
+                "SELECT body FROM results WHERE debate_id = ? "
+                "AND (expires_at IS NULL OR expires_at > ?)",
+                (debate_id, time.time()),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._run(op)
+
+    async def has_results(self, debate_ids: list[str]) -> list[bool]:
+        if not debate_ids:
+            return []
+
+        def op(db: sqlite3.Connection) -> list[bool]:
+            now, found = time.time(), set()
+            for start in range(0, len(debate_ids), _IN_CHUNK):
+                chunk = debate_ids[start : start + _IN_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                found.update(
+                    row[0]
+                    for row in db.execute(
+                        f"SELECT debate_id FROM results WHERE debate_id IN ({marks}) "
+                        "AND (expires_at IS NULL OR expires_at > ?)",
+                        (*chunk, now),
+                    )
+                )
+            return [debate_id in found for debate_id in debate_ids]
+
+        return await self._run(op)
+
+    # ---- leases -------------------------------------------------------------------------------
+
+    async def acquire_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
+        ttl = lease_ttl_ms(ttl_s) / 1000
+
+        def op(db: sqlite3.Connection) -> bool:
+            now = time.time()
+            with _write(db):
+                # The upsert only overwrites a row that is ours or expired, so rowcount says
+                # whether we hold the lease; BEGIN IMMEDIATE makes it atomic across processes.
+                cursor = db.execute(
+                    "INSERT INTO leases (debate_id, owner, expires_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (debate_id) DO UPDATE SET owner = excluded.owner, "
+                    "expires_at = excluded.expires_at "
+                    "WHERE leases.owner = excluded.owner OR leases.expires_at <= ?",
+                    (debate_id, owner, now + ttl, now),
+                )
+            return cursor.rowcount == 1
+
+        return await self._run(op)
+
+    async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
+        ttl = lease_ttl_ms(ttl_s) / 1000
+
+        def op(db: sqlite3.Connection) -> bool:
+            now = time.time()
+            with _write(db):
+                cursor = db.execute(
+                    "UPDATE leases SET expires_at = ? "
+                    "WHERE debate_id = ? AND owner = ? AND expires_at > ?",
+                    (now + ttl, debate_id, owner, now),
+                )
+            return cursor.rowcount == 1
+
+        return await self._run(op)
+
+    async def release_lease(self, debate_id: str, owner: str) -> None:
+        def op(db: sqlite3.Connection) -> None:
+            with _write(db):
+                db.execute(
+                    "DELETE FROM leases WHERE debate_id = ? AND owner = ?", (debate_id, owner)
+                )
+
+        await self._run(op)
+
+    async def get_lease(self, debate_id: str) -> Lease | None:
+        def op(db: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            row = db.execute(
+                "SELECT owner, expires_at FROM leases WHERE debate_id = ? AND expires_at > ?",
+                (debate_id, now),
+            ).fetchone()
+            return None if row is None else Lease(str(row[0]), float(row[1]) - now)
+
+        return await self._run(op)

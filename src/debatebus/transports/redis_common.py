@@ -1,0 +1,204 @@
+"""What both Redis transports share: the client builder, the redis→TransportError mapping, and the
+batcher that sends every command queued in one event-loop tick as a single pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+
+from debatebus.exceptions import ConfigError, TransportError
+
+__all__ = ["NO_HEADERS", "CommandBatcher", "build_client", "describe", "map_redis_errors"]
+
+log = logging.getLogger("debatebus.transports.redis")
+
+#: Shared by every delivery without headers: one less dict per message.
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
+#: A command as redis-py's ``execute_command`` takes it: ``("XADD", stream, "*", field, value…)``.
+Command = tuple[Any, ...]
+#: What an acknowledgement needs: (stream, group, entry id).
+AckTarget = tuple[str, str, str]
+
+
+def build_client(url: str, *, connect_timeout: float) -> Redis:
+    """A client for ``url`` with bytes replies (bodies are never decoded) and short retries, so an
+    unreachable broker fails within seconds instead of redis-py's default minute of backoff."""
+    try:
+        return Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_connect_timeout=connect_timeout,
+            socket_keepalive=True,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
+        )
+    except ValueError as e:
+        raise ConfigError(f"invalid Redis URL {url!r}: {e}") from e
+
+
+def check_client(client: Redis) -> None:
+    """A caller-supplied client must hand back bytes: bodies are opaque and never decoded."""
+    if client.get_encoder().decode_responses:
+        raise ConfigError("pass a redis.asyncio.Redis built with decode_responses=False")
+
+
+def describe(url: str | None, client: Redis | None = None) -> str:
+    """``host:port`` for messages, never the password in the URL."""
+    if client is not None:
+        kwargs = client.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return str(kwargs["path"])
+        return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    parts = urlsplit(url or "")
+    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+
+
+def _explain(error: BaseException, where: str) -> str:
+    cause = f"({type(error).__name__}: {error})"
+    if isinstance(error, redis_errors.AuthenticationError | redis_errors.AuthorizationError):
+        return f"Redis at {where} refused the credentials: check user and password in the URL {cause}"
+    if isinstance(error, redis_errors.TimeoutError):
+        return (f"Redis at {where} did not answer in time: check the server's load and the network,"
+                f" or raise connect_timeout {cause}")
+    if isinstance(error, redis_errors.ConnectionError | OSError):
+        return f"cannot reach Redis at {where}: is redis-server running there? {cause}"
+    if isinstance(error, redis_errors.ReadOnlyError):
+        return f"Redis at {where} is a read-only replica: point the URL at the primary {cause}"
+    if isinstance(error, redis_errors.ResponseError) and str(error).startswith("WRONGTYPE"):
+        return (f"Redis at {where}: a topic name is already used by a key that is not a stream;"
+                f" rename the topic or delete that key {cause}")
+    if isinstance(error, redis_errors.ResponseError):
+        return (f"Redis at {where} rejected a command: check the server version (Streams consumer"
+                f" groups need Redis >= 6.2) and its memory limit {cause}")
+    return f"Redis at {where} failed: {cause}"
+
+
+def transport_error(error: BaseException, where: str) -> TransportError:
+    mapped = TransportError(_explain(error, where))
+    mapped.__cause__ = error
+    return mapped
+
+
+@contextlib.contextmanager
+def map_redis_errors(where: str) -> Iterator[None]:
+    """Re-raise every redis-py (and socket) error as ``TransportError``, the original as cause."""
+    try:
+        yield
+    except (redis_errors.RedisError, OSError) as e:
+        raise transport_error(e, where) from e
+
+
+@dataclass(slots=True)
+class _Job:
+    commands: Sequence[Command]
+    ack: AckTarget | None
+    future: asyncio.Future[list[Any]]
+
+
+class CommandBatcher:
+    """Micro-batching: ``submit`` queues commands and waits; one flusher task sends everything
+    queued during the same loop tick as one pipeline (one MULTI/EXEC when ``transaction``), with
+    one ``XACK`` per stream and group for all the acknowledgements in it.
+
+    Each caller gets the replies to its own commands, or a ``TransportError`` when they — or the
+    ``XACK`` their acknowledgement rode on — failed, or the whole pipeline did. Redis does not roll
+    back a transaction whose command fails at run time; the only such failure possible here is a
+    ``WRONGTYPE`` (a topic name taken by a non-stream key), reported to the job it belongs to.
+    """
+
+    def __init__(self, client: Redis, where: str, *, transaction: bool) -> None:
+        self._client = client
+        self._where = where
+        self._transaction = transaction
+        self._queue: list[_Job] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(self._run(), name="debatebus-redis-flusher")
+
+    async def stop(self) -> None:
+        """Flush what is queued, then end the flusher."""
+        if self._task is None:
+            return
+        self._stopping = True
+        self._wake.set()
+        task, self._task = self._task, None
+        await task
+
+    async def submit(self, commands: Sequence[Command], ack: AckTarget | None = None) -> list[Any]:
+        if self._task is None:
+            raise TransportError("the Redis transport is not connected: call connect() or use async with")
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Job(commands, ack, future))
+        self._wake.set()
+        # A cancelled caller does not unqueue its job: half-settled states are worse than a late one.
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._queue:
+                batch, self._queue = self._queue, []
+                await self._flush(batch)
+            elif self._stopping:
+                return
+
+    async def _flush(self, batch: list[_Job]) -> None:
+        pipe = self._client.pipeline(transaction=self._transaction)
+        acks: dict[tuple[str, str], list[_Job]] = {}
+        for job in batch:
+            for command in job.commands:
+                pipe.execute_command(*command)
+            if job.ack is not None:
+                acks.setdefault(job.ack[:2], []).append(job)
+        for (stream, group), jobs in acks.items():
+            pipe.execute_command("XACK", stream, group, *[job.ack[2] for job in jobs if job.ack])
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except Exception as e:
+            failure = transport_error(e, self._where) if _is_redis(e) else e
+            for job in batch:
+                _fail(job, failure)
+            return
+        self._settle(batch, list(acks.values()), replies)
+
+    def _settle(self, batch: list[_Job], ack_owners: list[list[_Job]], replies: list[Any]) -> None:
+        # Replies come in queue order: each job's own commands, then one XACK per (stream, group).
+        for jobs, reply in zip(ack_owners, replies[len(replies) - len(ack_owners):], strict=True):
+            if isinstance(reply, Exception):
+                for job in jobs:
+                    _fail(job, transport_error(reply, self._where))
+        start = 0
+        for job in batch:
+            mine = replies[start:start + len(job.commands)]
+            start += len(job.commands)
+            failed = next((r for r in mine if isinstance(r, Exception)), None)
+            if failed is not None:
+                _fail(job, transport_error(failed, self._where))
+            elif not job.future.done():
+                job.future.set_result(mine)
+
+
+def _is_redis(error: BaseException) -> bool:
+    return isinstance(error, redis_errors.RedisError | OSError)
+
+
+def _fail(job: _Job, error: BaseException) -> None:
+    if not job.future.done():
+        job.future.set_exception(error)

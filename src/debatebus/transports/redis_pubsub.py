@@ -1,0 +1,212 @@
+"""Redis pub/sub transport (``redis+pubsub://``): exactly Synkro's wire, so Synkro apps and
+debatebus apps talk to each other.
+
+Wire format: ``PUBLISH`` on the channel named by the event type; the message is the JSON envelope
+bytes and nothing else (a message's ``key`` and ``headers`` are not transmitted: they live inside
+the envelope).
+
+**Pub/sub is at-most-once.** Redis keeps nothing: a request published while no worker is
+subscribed is gone, a worker that dies mid-debate loses the request, and every subscriber gets
+every message — ``consume`` ignores ``group``, so two workers on one channel both answer each
+request. Use Redis Streams (``redis://``) when requests must not be lost or answered twice.
+
+Dead letters are the exception: they must never be lost, so ``reject`` writes them to the Redis
+*stream* ``{type}:dlq`` in the Streams transport's format (see ``redis_streams``), and
+``publish``/``subscribe`` on a ``…:dlq`` topic use that stream too. ``reject(requeue=True)``
+hands the message back to the same ``consume`` iterator, in this process only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from debatebus.exceptions import ConfigError, TransportError
+from debatebus.transports.base import Delivery, Outgoing, Transport
+from debatebus.transports.redis_common import (
+    NO_HEADERS,
+    CommandBatcher,
+    build_client,
+    check_client,
+    describe,
+    map_redis_errors,
+)
+from debatebus.transports.redis_streams import RedisStreamsTransport
+
+__all__ = ["RedisPubSubTransport"]
+
+_DLQ_SUFFIX = ":dlq"
+
+
+def _is_dlq(topic: str) -> bool:
+    return topic.endswith(_DLQ_SUFFIX)
+
+
+class RedisPubSubTransport(Transport):
+    """Synkro-compatible Redis pub/sub; see the module docstring for what it does not promise.
+
+    ``client``: an existing ``redis.asyncio.Redis`` (built with ``decode_responses=False``) to
+    use instead of building one from ``url``; it is left open by ``close``. ``poll_ms`` bounds
+    how long a listener waits before noticing ``close`` or a requeued message.
+    """
+
+    durable = False
+    atomic_ack = False
+
+    def __init__(self, url: str = "redis://localhost:6379/0", *, connect_timeout: float = 5.0,
+                 client: Redis | None = None, poll_ms: int = 100) -> None:
+        if client is not None:
+            check_client(client)
+        self._url = url
+        self._connect_timeout = connect_timeout
+        self._poll_s = poll_ms / 1000
+        self._client = client
+        self._owns_client = client is None
+        self._where = describe(url, client)
+        self._batcher: CommandBatcher | None = None
+        self._dead: RedisStreamsTransport | None = None
+        self._closed = False
+
+    async def connect(self) -> None:
+        if self._batcher is not None:
+            return
+        if self._client is None:
+            self._client = build_client(self._url, connect_timeout=self._connect_timeout)
+        with map_redis_errors(self._where):
+            await self._client.ping()
+        self._closed = False
+        self._dead = RedisStreamsTransport(self._url, client=self._client, block_ms=int(self._poll_s * 1000))
+        await self._dead.connect()
+        self._batcher = CommandBatcher(self._client, self._where, transaction=False)
+        self._batcher.start()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._batcher is not None:
+            batcher, self._batcher = self._batcher, None
+            await batcher.stop()
+        if self._dead is not None:
+            dead, self._dead = self._dead, None
+            await dead.close()
+        if self._client is not None and self._owns_client:
+            client, self._client = self._client, None
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await client.aclose()
+
+    def _parts(self) -> tuple[Redis, CommandBatcher, RedisStreamsTransport]:
+        if self._client is None or self._batcher is None or self._dead is None or self._closed:
+            raise TransportError("the Redis transport is not connected: call connect() or use async with")
+        return self._client, self._batcher, self._dead
+
+    async def publish(self, message: Outgoing) -> str:
+        """``PUBLISH`` the body; returns ``""`` (pub/sub has no message ids). A ``…:dlq`` topic is
+        a stream, and its entry id is returned."""
+        _, batcher, dead = self._parts()
+        if _is_dlq(message.topic):
+            return await dead.publish(message)
+        await batcher.submit((("PUBLISH", message.topic, message.body),))
+        return ""
+
+    async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
+        """Publish ``results``; there is nothing to acknowledge on pub/sub."""
+        _, batcher, dead = self._parts()
+        channel = [("PUBLISH", r.topic, r.body) for r in results if not _is_dlq(r.topic)]
+        if channel:
+            await batcher.submit(channel)
+        for result in results:
+            if _is_dlq(result.topic):
+                await dead.publish(result)
+
+    async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
+        _, _, dead = self._parts()
+        if not requeue:
+            await dead.dead_letter(delivery, reason)
+            return
+        if not isinstance(delivery.token, deque):
+            raise ConfigError("reject(requeue=True) takes deliveries from consume()")
+        delivery.token.append(Delivery(delivery.topic, delivery.body, delivery.id,
+                                       delivery.deliveries + 1, delivery.key, delivery.headers,
+                                       delivery.token))
+
+    async def consume(self, topics: Sequence[str], *, group: str, consumer: str,
+                      prefetch: int = 16) -> AsyncIterator[Delivery]:
+        """Every message on ``topics`` from now on. ``group``, ``consumer`` and ``prefetch`` are
+        ignored: pub/sub has no groups, so every subscriber gets every message."""
+        await self.connect()
+        requeued: deque[Delivery] = deque()
+        async for delivery in self._listen(topics, requeued):
+            yield delivery
+
+    async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
+        await self.connect()
+        _, _, dead = self._parts()
+        channels = [t for t in topics if not _is_dlq(t)]
+        streams = [t for t in topics if _is_dlq(t)]
+        if not streams:
+            source = self._listen(channels, None)
+        elif not channels:
+            source = dead.subscribe(streams)
+        else:
+            source = _merge(self._listen(channels, None), dead.subscribe(streams))
+        async for delivery in source:
+            yield delivery
+
+    async def _listen(self, channels: Sequence[str],
+                      requeued: deque[Delivery] | None) -> AsyncIterator[Delivery]:
+        client, _, _ = self._parts()
+        names = {channel.encode(): channel for channel in channels}
+        pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            with map_redis_errors(self._where):
+                await pubsub.subscribe(*channels)
+            while not self._closed:
+                if requeued:
+                    yield requeued.popleft()
+                    continue
+                with map_redis_errors(self._where):
+                    message: Any = await pubsub.get_message(ignore_subscribe_messages=True,
+                                                            timeout=self._poll_s)
+                if message is not None and message["type"] == "message":
+                    yield Delivery(names[message["channel"]], message["data"], "", 1, None,
+                                   NO_HEADERS, requeued)
+        except TransportError:
+            if not self._closed:
+                raise
+        finally:
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await pubsub.aclose()
+
+
+async def _merge(*sources: AsyncIterator[Delivery]) -> AsyncIterator[Delivery]:
+    """Interleave several iterators until all end; the first error ends the merge and is raised."""
+    queue: asyncio.Queue[Delivery | BaseException | None] = asyncio.Queue(maxsize=64)
+
+    async def pump(source: AsyncIterator[Delivery]) -> None:
+        try:
+            async for item in source:
+                await queue.put(item)
+        except Exception as e:
+            await queue.put(e)
+        await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()

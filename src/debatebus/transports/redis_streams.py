@@ -1,0 +1,452 @@
+"""Redis Streams transport: the default for ``redis://`` and ``rediss://``.
+
+Wire format (what any client in any language reads and writes):
+
+* a message is an entry ``XADD``-ed to the stream named by its event type, with the field
+  ``envelope`` holding the body bytes, plus ``key`` and ``headers`` (a JSON object of strings)
+  only when the message has them;
+* workers read through a consumer group (``XREADGROUP``, created on first consume from id ``0``
+  so entries published before the group existed are delivered too);
+* ``ack`` publishes the results and ``XACK``-s the request in one ``MULTI``/``EXEC``, so a result
+  is never published without the acknowledgement, nor the reverse;
+* an entry idle past ``claim_idle_ms`` in the pending list of a consumer that died is taken over
+  by a live one (``XAUTOCLAIM``), with its real delivery count. Live consumers refresh the idle
+  time of what they hold every ``claim_idle_ms / 3``, so a debate that runs for minutes is never
+  taken over while its worker is alive;
+* a dead letter is an entry of ``{type}:dlq`` with the fields ``envelope`` (the original bytes,
+  untouched), ``key``/``headers`` when the original had them, ``reason``, ``origin`` (the stream),
+  ``originId`` and ``deliveries``. Reading it back maps those four into the headers
+  ``x-debatebus-reason``, ``x-debatebus-origin``, ``x-debatebus-origin-id`` and
+  ``x-debatebus-deliveries``.
+
+Throughput: acks, rejects and publishes issued in the same event-loop tick share one pipeline
+(``CommandBatcher``), and each ``XREADGROUP`` fetches ``prefetch`` entries at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from debatebus.exceptions import ConfigError, TransportError
+from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
+from debatebus.transports.redis_common import (
+    NO_HEADERS,
+    CommandBatcher,
+    build_client,
+    check_client,
+    describe,
+    log,
+    map_redis_errors,
+)
+
+__all__ = [
+    "DELIVERIES_HEADER",
+    "ORIGIN_HEADER",
+    "ORIGIN_ID_HEADER",
+    "REASON_HEADER",
+    "RedisStreamsTransport",
+    "entry_to_delivery",
+]
+
+ENVELOPE, KEY, HEADERS = b"envelope", b"key", b"headers"
+REASON_HEADER = "x-debatebus-reason"
+ORIGIN_HEADER = "x-debatebus-origin"
+ORIGIN_ID_HEADER = "x-debatebus-origin-id"
+DELIVERIES_HEADER = "x-debatebus-deliveries"
+#: Dead-letter fields and the headers they are read back as.
+_DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
+               b"originId": ORIGIN_ID_HEADER, b"deliveries": DELIVERIES_HEADER}
+_RANGE_PAGE = 500
+
+_encode_headers = msgspec.json.Encoder().encode
+_decode_headers = msgspec.json.Decoder(dict[str, str]).decode
+_encode_fields = msgspec.json.Encoder().encode
+
+
+@dataclass(slots=True, eq=False)
+class _Lease:
+    """One (stream, group, consumer): the entries this process holds unsettled, kept alive."""
+
+    topic: str
+    group: str
+    consumer: str
+    inflight: set[str] = field(default_factory=set)
+    #: A requeued entry is waiting in the pending list: reclaim without waiting for the timer.
+    claim_due: bool = False
+
+
+def entry_to_delivery(topic: str, entry_id: bytes | str, fields: Mapping[bytes, bytes],
+                      deliveries: int = 1, token: Any = None) -> Delivery:
+    """A stream entry as a ``Delivery``; the common one-field entry costs no extra allocation."""
+    ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    body = fields.get(ENVELOPE)
+    if body is not None and len(fields) == 1:
+        return Delivery(topic, body, ident, deliveries, None, NO_HEADERS, token)
+    key = fields.get(KEY)
+    return Delivery(topic, _body_of(fields), ident, deliveries,
+                    key.decode(errors="replace") if key is not None else None,
+                    _headers_of(fields), token)
+
+
+def _body_of(fields: Mapping[bytes, bytes]) -> bytes:
+    body = fields.get(ENVELOPE)
+    if body is not None:
+        return body
+    # Written by a producer that ignores the wire format: hand the worker every field as a JSON
+    # object, so its failure event or dead letter still shows what was sent.
+    return _encode_fields({k.decode(errors="replace"): v.decode(errors="replace")
+                           for k, v in fields.items()})
+
+
+def _headers_of(fields: Mapping[bytes, bytes]) -> Mapping[str, str]:
+    raw = fields.get(HEADERS)
+    headers: dict[str, str] = {}
+    if raw:
+        try:
+            headers = _decode_headers(raw)
+        except msgspec.DecodeError:
+            headers = {"x-debatebus-bad-headers": raw.decode(errors="replace")}
+    for name, header in _DLQ_FIELDS.items():
+        value = fields.get(name)
+        if value is not None:
+            headers[header] = value.decode(errors="replace")
+    return headers or NO_HEADERS
+
+
+def _message_fields(body: bytes, key: str | None, headers: Mapping[str, str]) -> list[Any]:
+    fields: list[Any] = [ENVELOPE, body]
+    if key is not None:
+        fields += (KEY, key)
+    if headers:
+        fields += (HEADERS, _encode_headers(headers if isinstance(headers, dict) else dict(headers)))
+    return fields
+
+
+def _stream_entries(reply: Any) -> Iterable[tuple[Any, Any]]:
+    """XREAD/XREADGROUP replies as (stream, entries): redis-py hands back a list of pairs on RESP2
+    and a dict on RESP3 or with ``legacy_responses=False``."""
+    if not reply:
+        return ()
+    return reply.items() if isinstance(reply, dict) else reply
+
+
+class RedisStreamsTransport(Transport):
+    """Redis Streams with consumer groups; see the module docstring for the wire format.
+
+    ``client``: an existing ``redis.asyncio.Redis`` (built with ``decode_responses=False``) to
+    use instead of building one from ``url``; it is left open by ``close``.
+    """
+
+    durable = True
+    atomic_ack = True
+
+    def __init__(self, url: str = "redis://localhost:6379/0", *, claim_idle_ms: int = 30_000,
+                 block_ms: int = 1_000, max_len: int | None = None, connect_timeout: float = 5.0,
+                 client: Redis | None = None) -> None:
+        if claim_idle_ms < 10 or block_ms < 1:
+            raise ConfigError("claim_idle_ms must be >= 10 and block_ms >= 1")
+        if client is not None:
+            check_client(client)
+        self._url = url
+        self._connect_timeout = connect_timeout
+        self._claim_idle_ms = claim_idle_ms
+        self._block_ms = block_ms
+        self._trim: tuple[Any, ...] = ("MAXLEN", "~", max_len) if max_len else ()
+        self._client = client
+        self._owns_client = client is None
+        self._where = describe(url, client)
+        self._batcher: CommandBatcher | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+        self._leases: dict[tuple[str, str, str], _Lease] = {}
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        if self._batcher is not None:
+            return
+        if self._client is None:
+            self._client = build_client(self._url, connect_timeout=self._connect_timeout)
+        with map_redis_errors(self._where):
+            await self._client.ping()
+        self._closed = False
+        self._batcher = CommandBatcher(self._client, self._where, transaction=True)
+        self._batcher.start()
+        self._keepalive = asyncio.create_task(self._keep_leases(), name="debatebus-redis-keepalive")
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+            self._keepalive = None
+        if self._batcher is not None:
+            batcher, self._batcher = self._batcher, None
+            await batcher.stop()
+        if self._client is not None and self._owns_client:
+            client, self._client = self._client, None
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await client.aclose()
+
+    def _redis(self) -> Redis:
+        if self._client is None or self._closed:
+            raise TransportError("the Redis transport is not connected: call connect() or use async with")
+        return self._client
+
+    def _submit_to(self) -> CommandBatcher:
+        if self._batcher is None:
+            raise TransportError("the Redis transport is not connected: call connect() or use async with")
+        return self._batcher
+
+    # -- publishing and settling -----------------------------------------------------------------
+
+    def _xadd(self, topic: str, fields: list[Any]) -> tuple[Any, ...]:
+        return ("XADD", topic, *self._trim, "*", *fields)
+
+    async def publish(self, message: Outgoing) -> str:
+        command = self._xadd(message.topic, _message_fields(message.body, message.key, message.headers))
+        (entry_id,) = await self._submit_to().submit((command,))
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
+        lease = _lease_of(delivery)
+        lease.inflight.discard(delivery.id)
+        commands = [self._xadd(r.topic, _message_fields(r.body, r.key, r.headers)) for r in results]
+        await self._submit_to().submit(commands, (lease.topic, lease.group, delivery.id))
+
+    async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
+        lease = _lease_of(delivery)
+        lease.inflight.discard(delivery.id)
+        if requeue:
+            await self._requeue(lease, delivery.id)
+            return
+        await self._submit_to().submit([self._dead_letter_command(delivery, reason)],
+                                       (lease.topic, lease.group, delivery.id))
+
+    async def _requeue(self, lease: _Lease, entry_id: str) -> None:
+        # Back-dating the entry's idle time makes the next XAUTOCLAIM (ours, or any live
+        # consumer's) take it, which also counts the delivery; JUSTID leaves the count alone here.
+        with map_redis_errors(self._where):
+            await self._redis().xclaim(lease.topic, lease.group, lease.consumer, 0, [entry_id],
+                                       idle=self._claim_idle_ms, justid=True)
+        lease.claim_due = True
+
+    def _dead_letter_command(self, delivery: Delivery, reason: str) -> tuple[Any, ...]:
+        # Never trimmed: a dead letter must not be lost to MAXLEN.
+        return ("XADD", dlq_topic(delivery.topic), "*",
+                *_message_fields(delivery.body, delivery.key, delivery.headers),
+                b"reason", reason, b"origin", delivery.topic, b"originId", delivery.id,
+                b"deliveries", delivery.deliveries)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> str:
+        """Write ``delivery`` to ``{topic}:dlq`` without acknowledging anything: for messages that
+        did not come from a consumer group (Redis pub/sub keeps its dead letters here)."""
+        (entry_id,) = await self._submit_to().submit([self._dead_letter_command(delivery, reason)])
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    def _lease(self, topic: str, group: str, consumer: str) -> _Lease:
+        key = (topic, group, consumer)
+        lease = self._leases.get(key)
+        if lease is None:
+            lease = self._leases[key] = _Lease(topic, group, consumer)
+        return lease
+
+    async def _ensure_group(self, topic: str, group: str) -> None:
+        try:
+            with map_redis_errors(self._where):
+                await self._redis().xgroup_create(topic, group, id="0", mkstream=True)
+        except TransportError as e:
+            if "BUSYGROUP" not in str(e.__cause__):
+                raise
+
+    async def ensure_topics(self, topics: Sequence[str]) -> None:
+        """Streams and groups are made on first consume; nothing has to exist beforehand."""
+
+    async def consume(self, topics: Sequence[str], *, group: str, consumer: str,
+                      prefetch: int = 16) -> AsyncIterator[Delivery]:
+        if prefetch < 1:
+            raise ConfigError("prefetch must be >= 1")
+        await self.connect()
+        leases = [self._lease(topic, group, consumer) for topic in topics]
+        for lease in leases:
+            await self._ensure_group(lease.topic, group)
+        batch: list[Delivery] = []
+        next_claim = 0.0
+        try:
+            while not self._closed:
+                if next_claim <= time.monotonic() or any(lease.claim_due for lease in leases):
+                    next_claim = time.monotonic() + self._claim_idle_ms / 2000
+                    batch = await self._reclaim(leases, prefetch)
+                if not batch:
+                    batch = await self._read_new(leases, prefetch)
+                batch.reverse()
+                while batch:
+                    yield batch.pop()
+        except TransportError:
+            if not self._closed:  # close() pulls the connection from under a blocked read
+                raise
+        finally:
+            # Read but never handed out: left pending, reclaimed after claim_idle_ms.
+            for delivery in batch:
+                delivery.token.inflight.discard(delivery.id)
+
+    async def _read_new(self, leases: list[_Lease], prefetch: int) -> list[Delivery]:
+        streams = {lease.topic: ">" for lease in leases}
+        lease = leases[0]
+        try:
+            with map_redis_errors(self._where):
+                reply = await self._redis().xreadgroup(lease.group, lease.consumer, streams,  # type: ignore[arg-type]
+                                                       count=prefetch, block=self._block_ms)
+        except TransportError as e:
+            if "NOGROUP" not in str(e.__cause__):
+                raise
+            # The stream or group was deleted under us: make them again and carry on.
+            for each in leases:
+                await self._ensure_group(each.topic, each.group)
+            return []
+        return self._deliveries(leases, reply)
+
+    def _deliveries(self, leases: list[_Lease], reply: Any) -> list[Delivery]:
+        by_name = {lease.topic.encode(): lease for lease in leases} if len(leases) > 1 else None
+        out: list[Delivery] = []
+        for name, entries in _stream_entries(reply):
+            lease = by_name[name] if by_name is not None else leases[0]
+            inflight, topic = lease.inflight, lease.topic
+            for entry_id, fields in entries:
+                if fields is None:  # trimmed away while pending
+                    continue
+                delivery = entry_to_delivery(topic, entry_id, fields, 1, lease)
+                inflight.add(delivery.id)
+                out.append(delivery)
+        return out
+
+    async def _reclaim(self, leases: list[_Lease], prefetch: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        for lease in leases:
+            lease.claim_due = False
+            claimed = await self._autoclaim(lease, prefetch - len(out))
+            if claimed:
+                counts = await self._delivery_counts(lease, [ident for ident, _ in claimed])
+                for ident, fields in claimed:
+                    lease.inflight.add(ident)
+                    out.append(entry_to_delivery(lease.topic, ident, fields, counts.get(ident, 2), lease))
+            if len(out) >= prefetch:
+                break
+        return out
+
+    async def _autoclaim(self, lease: _Lease, limit: int) -> list[tuple[str, Any]]:
+        """Entries idle past ``claim_idle_ms`` in any consumer's pending list, now ours."""
+        claimed: list[tuple[str, Any]] = []
+        cursor: Any = "0-0"
+        while len(claimed) < limit:
+            with map_redis_errors(self._where):
+                reply: Any = await self._redis().xautoclaim(
+                    lease.topic, lease.group, lease.consumer, self._claim_idle_ms,
+                    start_id=cursor, count=limit - len(claimed))
+            cursor = reply[0]
+            for entry_id, fields in reply[1]:
+                if entry_id is None or fields is None:  # deleted entries (Redis 6.2 shape)
+                    continue
+                ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                # Ours and still being worked on (the loop stalled past a keepalive): skip it.
+                if ident not in lease.inflight:
+                    claimed.append((ident, fields))
+            if cursor in (b"0-0", "0-0"):
+                break
+        return claimed
+
+    async def _delivery_counts(self, lease: _Lease, ids: list[str]) -> dict[str, int]:
+        """XAUTOCLAIM does not report delivery counts; XPENDING does, one id at a time."""
+        pipe = self._redis().pipeline(transaction=False)
+        for ident in ids:
+            pipe.xpending_range(lease.topic, lease.group, ident, ident, 1, lease.consumer)
+        with map_redis_errors(self._where):
+            replies: list[Any] = await pipe.execute()
+        counts: dict[str, int] = {}
+        for ident, reply in zip(ids, replies, strict=True):
+            if reply:
+                counts[ident] = int(reply[0]["times_delivered"])
+        return counts
+
+    async def _keep_leases(self) -> None:
+        """Reset the idle time of every entry this process holds, so no live consumer's work
+        is taken over (XCLAIM with JUSTID does not count as a delivery)."""
+        while True:
+            await asyncio.sleep(self._claim_idle_ms / 3000)
+            held = [lease for lease in self._leases.values() if lease.inflight]
+            if not held or self._client is None:
+                continue
+            pipe = self._client.pipeline(transaction=False)
+            for lease in held:
+                pipe.xclaim(lease.topic, lease.group, lease.consumer, 0, list(lease.inflight),
+                            justid=True)
+            try:
+                await pipe.execute(raise_on_error=False)
+            except (redis_errors.RedisError, OSError) as e:
+                log.warning("could not refresh pending entries on Redis at %s: %s", self._where, e)
+
+    # -- reading outside any group ---------------------------------------------------------------
+
+    async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
+        await self.connect()
+        last = await self._last_ids(topics)
+        names = {topic.encode(): topic for topic in topics}
+        try:
+            while not self._closed:
+                with map_redis_errors(self._where):
+                    reply = await self._redis().xread(last, block=self._block_ms)  # type: ignore[arg-type]
+                for name, entries in _stream_entries(reply):
+                    topic = names[name]
+                    for entry_id, fields in entries:
+                        last[topic] = entry_id
+                        yield entry_to_delivery(topic, entry_id, fields)
+        except TransportError:
+            if not self._closed:
+                raise
+
+    async def _last_ids(self, topics: Sequence[str]) -> dict[str, Any]:
+        # An explicit id, not "$" on every call: "$" would skip what arrives between two reads.
+        pipe = self._redis().pipeline(transaction=False)
+        for topic in topics:
+            pipe.xrevrange(topic, "+", "-", count=1)
+        with map_redis_errors(self._where):
+            replies: list[Any] = await pipe.execute()
+        return {topic: reply[0][0] if reply else "0-0" for topic, reply in zip(topics, replies, strict=True)}
+
+    async def read_range(self, topic: str, start: str = "-", end: str = "+",
+                         count: int | None = None) -> AsyncIterator[Delivery]:
+        """Entries of ``topic`` from ``start`` to ``end`` (inclusive ids, ``-``/``+`` for the
+        ends), oldest first, at most ``count``: for operators replaying a stream or a DLQ."""
+        await self.connect()
+        left = count
+        while left is None or left > 0:
+            page = _RANGE_PAGE if left is None else min(_RANGE_PAGE, left)
+            with map_redis_errors(self._where):
+                entries: list[Any] = await self._redis().xrange(topic, start, end, count=page)
+            for entry_id, fields in entries:
+                yield entry_to_delivery(topic, entry_id, fields)
+            if len(entries) < page:
+                return
+            last = entries[-1][0]
+            start = "(" + (last.decode() if isinstance(last, bytes) else last)
+            if left is not None:
+                left -= len(entries)
+
+
+def _lease_of(delivery: Delivery) -> _Lease:
+    if not isinstance(delivery.token, _Lease):
+        raise ConfigError("ack and reject take deliveries from consume(), not from subscribe() "
+                          "or read_range()")
+    return delivery.token

@@ -1,0 +1,210 @@
+"""Request → result through a running worker, on every transport; bad input; events; drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from debatebus import FunctionLLM, LLMRequest
+from debatebus.client import BusClient
+from debatebus.schemas.events import EVENT_DECODER
+from debatebus.transports import Outgoing, dlq_topic, transport_from_url
+from debatebus.worker import DebateBus
+from tests.bus.conftest import make_debate, running, transport_options
+
+TIMEOUT = 60.0
+
+
+async def warm_up(client: BusClient, event_type: str) -> None:
+    """At-most-once buses drop requests sent before the worker listens, and Kafka group joins take a
+    moment: send probe requests until one is answered."""
+    for _ in range(60):
+        with contextlib.suppress(Exception):
+            await client.request(event_type, {"input": "warm-up"}, timeout=1.0)
+            return
+    raise AssertionError(f"the worker never answered on {event_type}")
+
+
+def app_for(url: str, event_type: str, **options: Any) -> DebateBus:
+    handler_options = options.pop("handler_options", {})
+    app = DebateBus(url, transport_options=transport_options(url), **options)
+    app.subscribe(event_type, make_debate(**handler_options.pop("debate", {})).as_handler(**handler_options))
+    return app
+
+
+async def test_round_trip_on_every_transport(bus_url: str, event_type: str) -> None:
+    async with running(app_for(bus_url, event_type)), \
+            BusClient(bus_url, **transport_options(bus_url)) as client:
+        await warm_up(client, event_type)
+        result = await client.request(
+            event_type, {"input": "Should we adopt microservices?", "team": "core"},
+            request_id="r-1", headers={"traceparent": "00-abc-def-01"}, timeout=TIMEOUT)
+    p = result.payload
+    assert result.request_id == "r-1"
+    assert result.causation_id == "r-1"
+    assert result.correlation_id == "r-1"
+    assert result.type == f"event:{event_type}:completed"
+    assert result.headers.get("traceparent") == "00-abc-def-01"
+    assert p["team"] == "core" and p["input"] == "Should we adopt microservices?"
+    assert p["debateStatus"] == "completed"
+    assert p["debateRounds"] == 2  # consensus at round 2
+    assert p["debateSatisfied"] is True
+    assert p["debateVerdict"]["consensus"] is True
+    assert p["debateOutput"] == "moderator on round 2: a considered view"
+    usage = p["debateTokenUsage"]
+    assert usage["totalTokens"] == usage["promptTokens"] + usage["completionTokens"] > 0
+    assert [r["number"] for r in p["debateTranscript"]] == [1, 2]
+    assert p["debateId"] == "r-1"
+    assert p["debateReplayed"] is False
+
+
+async def test_failed_debate_is_published_on_failed(event_type: str) -> None:
+    def broken(request: LLMRequest) -> Any:
+        if request.purpose == "framing":
+            return "framing"
+        raise RuntimeError("model down")
+
+    app = app_for("memory://", event_type, handler_options={"debate": {"llm": FunctionLLM(broken)}})
+    async with running(app), BusClient("memory://") as client:
+        result = await client.request(event_type, {"input": "topic"}, timeout=TIMEOUT)
+    assert result.type == f"event:{event_type}:failed"
+    p = result.payload
+    assert p["debateStatus"] == "failed"
+    assert "every participant failed in round 1" in p["debateError"]
+    assert p["debateTokenUsage"]["totalTokens"] > 0  # the framing call was paid for
+
+
+async def test_max_rounds_from_request_never_exceeds_cap(event_type: str) -> None:
+    app = app_for("memory://", event_type, handler_options={"debate": {"judge": None, "max_rounds": 3}})
+    async with running(app), BusClient("memory://") as client:
+        one = await client.request(event_type, {"input": "t", "maxRounds": 1}, timeout=TIMEOUT)
+        many = await client.request(event_type, {"input": "t", "maxRounds": 99}, timeout=TIMEOUT)
+    assert one.payload["debateRounds"] == 1
+    assert many.payload["debateRounds"] == 3
+
+
+BAD_PAYLOADS = [
+    ({"topic": "x"}, "payload.input is missing"),
+    ({"input": 42}, "payload.input must be a string"),
+    ({"input": "   "}, "payload.input is empty"),
+    ({"input": "x" * (64 * 1024 + 1)}, "over the limit of 65536"),
+    ({"input": "x", "maxRounds": 0}, "payload.maxRounds must be an integer"),
+    ({"input": "x", "replay": "yes"}, 'payload.replay must be "rerun"'),
+]
+
+
+@pytest.mark.parametrize(("payload", "reason"), BAD_PAYLOADS)
+async def test_bad_payload_gets_a_failed_event_saying_what_to_fix(
+        bus_url: str, event_type: str, payload: dict[str, Any], reason: str) -> None:
+    async with running(app_for(bus_url, event_type)), \
+            BusClient(bus_url, **transport_options(bus_url)) as client:
+        await warm_up(client, event_type)
+        result = await client.request(event_type, payload, timeout=TIMEOUT)
+        assert result.type == f"event:{event_type}:failed"
+        assert reason in result.payload["debateError"]
+        assert result.payload["debateStatus"] == "failed"
+        # nothing stalls: the next good request is answered
+        ok = await client.request(event_type, {"input": "fine"}, timeout=TIMEOUT)
+        assert ok.payload["debateStatus"] == "completed"
+
+
+UNREADABLE = [
+    (b"not json at all", "body is not valid JSON"),
+    (b'{"payload": {"input": "x"}}', "envelope does not match the schema"),
+    (b'["a", "list"]', "envelope does not match the schema"),
+    (b"\xff\xfe\x00", "body is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("body", "reason"), UNREADABLE)
+async def test_unreadable_message_goes_to_dlq_with_original_bytes(
+        body: bytes, reason: str, event_type: str) -> None:
+    app = app_for("memory://", event_type)
+    async with running(app), BusClient("memory://") as client:
+        dead = await client.transport.subscribe([dlq_topic(event_type)])
+        await client.transport.publish(Outgoing(event_type, body))
+        got = await asyncio.wait_for(anext(dead), TIMEOUT)
+        assert got.body == body
+        assert reason in got.headers["x-debatebus-reason"]
+        ok = await client.request(event_type, {"input": "fine"}, timeout=TIMEOUT)
+        assert ok.payload["debateStatus"] == "completed"
+
+
+async def test_request_without_payload_but_with_id_gets_failed_event(event_type: str) -> None:
+    app = app_for("memory://", event_type)
+    async with running(app), BusClient("memory://") as client:
+        results = await client.transport.subscribe([f"event:{event_type}:failed"])
+        await client.transport.publish(Outgoing(event_type, b'{"requestId": "r-9"}'))
+        got = msgspec.json.decode((await asyncio.wait_for(anext(results), TIMEOUT)).body)
+    assert got["requestId"] == "r-9"
+    assert "envelope does not match the schema" in got["payload"]["debateError"]
+    assert "payload" in got["payload"]["debateError"]
+
+
+async def test_oversized_message_is_refused_with_a_reason(event_type: str) -> None:
+    app = app_for("memory://", event_type, max_message_bytes=1000)
+    async with running(app), BusClient("memory://") as client:
+        result = await client.request(event_type, {"input": "y" * 2000}, timeout=TIMEOUT)
+    assert result.type == f"event:{event_type}:failed"
+    assert "over the limit of 1000" in result.payload["debateError"]
+
+
+async def test_debate_events_are_published_in_order(event_type: str) -> None:
+    app = app_for("memory://", event_type, publish_events=True)
+    async with running(app), BusClient("memory://") as client:
+        events = await client.transport.subscribe(["debate:events"])
+        result = await client.request(event_type, {"input": "t"}, request_id="ev-1", timeout=TIMEOUT)
+        seen = []
+        while not seen or seen[-1].__struct_config__.tag not in ("debate_completed", "debate_failed"):
+            event = EVENT_DECODER.decode((await asyncio.wait_for(anext(events), TIMEOUT)).body)
+            if event.request_id == "ev-1":
+                seen.append(event)
+    assert result.payload["debateStatus"] == "completed"
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+    assert seen[0].__struct_config__.tag == "debate_started"
+    assert sum(e.__struct_config__.tag == "turn_completed" for e in seen) == 4
+
+
+async def test_handler_that_keeps_crashing_is_dead_lettered_after_max_deliveries(event_type: str) -> None:
+    calls = 0
+
+    async def crashing(payload: Any) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("bug in handler")
+
+    app = DebateBus("memory://", max_deliveries=3)
+    app.subscribe(event_type, crashing)
+    async with running(app), BusClient("memory://") as client:
+        dead = await client.transport.subscribe([dlq_topic(event_type)])
+        await client.publish(event_type, {"input": "t"}, request_id="boom")
+        got = await asyncio.wait_for(anext(dead), TIMEOUT)
+    assert json.loads(got.body)["requestId"] == "boom"
+    assert "delivered 4 times without completing (max_deliveries=3)" in got.headers["x-debatebus-reason"]
+    assert calls == 3
+
+
+async def test_stop_drains_in_flight_debates(event_type: str) -> None:
+    started = asyncio.Event()
+
+    async def slow(request: LLMRequest) -> Any:
+        started.set()
+        await asyncio.sleep(0.3)
+        return {"consensus": True, "summary": "ok"} if request.purpose == "judge" else "slow answer"
+
+    app = app_for("memory://", event_type, handler_options={"debate": {"llm": FunctionLLM(slow)}})
+    transport = transport_from_url("memory://")
+    async with app:
+        task = asyncio.create_task(app.run())
+        results = await transport.subscribe([f"event:{event_type}:completed"])
+        await BusClient(transport).publish(event_type, {"input": "t"}, request_id="drain-1")
+        await asyncio.wait_for(started.wait(), TIMEOUT)
+        app.stop()  # a debate is in flight: it must finish and be published before run() returns
+        await asyncio.wait_for(task, TIMEOUT)
+        got = await asyncio.wait_for(anext(results), 5)
+    assert json.loads(got.body)["requestId"] == "drain-1"
