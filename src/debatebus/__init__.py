@@ -1,5 +1,6 @@
 """debatebus: multi-agent LLM debates served as event handlers on Redis and Kafka."""
 
+from debatebus.client import BusClient
 from debatebus.engine import (
     PROTOCOL_VERSION,
     Budget,
@@ -25,6 +26,7 @@ from debatebus.exceptions import (
     DebatebusError,
     DriftError,
     InputError,
+    LeaseLostError,
     LLMError,
     LLMRateLimitError,
     LLMResponseError,
@@ -33,8 +35,10 @@ from debatebus.exceptions import (
     ScriptExhaustedError,
     TransportError,
 )
+from debatebus.handlers.handler import DebateHandler
 from debatebus.llm import LLM, FunctionLLM, LLMRequest, LLMResponse, Message, ScriptedLLM
 from debatebus.schemas.usage import TokenUsage
+from debatebus.worker import DebateBus
 
 __version__ = "0.1.0"
 
@@ -43,8 +47,11 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Budget",
     "BudgetExceededError",
+    "BusClient",
     "ConfigError",
     "Debate",
+    "DebateBus",
+    "DebateHandler",
     "DebateResult",
     "DebateState",
     "DebatebusError",
@@ -58,6 +65,7 @@ __all__ = [
     "LLMResponse",
     "LLMResponseError",
     "LLMTimeoutError",
+    "LeaseLostError",
     "Message",
     "ModelRequestsNotAllowedError",
     "Participant",

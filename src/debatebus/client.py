@@ -50,12 +50,9 @@ class BusClient:
         return rid
 
     async def results(self, event_type: str) -> AsyncIterator[Envelope]:
-        """Every result (completed or failed) of ``event_type`` published from now on."""
+        """Every result (completed or failed) of ``event_type`` published after this returns."""
         topics = [completed_topic(event_type), failed_topic(event_type)]
-        async for delivery in await self.transport.subscribe(topics):
-            envelope = _decode(delivery)
-            if envelope is not None:
-                yield envelope
+        return _decoded(await self.transport.subscribe(topics))
 
     async def request(self, event_type: str, payload: Mapping[str, Any], *,
                       request_id: str | None = None, timeout: float = 300.0,
@@ -79,6 +76,13 @@ class BusClient:
         finally:
             await subscription.aclose()  # type: ignore[attr-defined]
         raise TransportError(f"the subscription to {topics} ended before request {rid} was answered")
+
+
+async def _decoded(deliveries: AsyncIterator[Delivery]) -> AsyncIterator[Envelope]:
+    async for delivery in deliveries:
+        envelope = _decode(delivery)
+        if envelope is not None:
+            yield envelope
 
 
 def _decode(delivery: Delivery) -> Envelope | None:

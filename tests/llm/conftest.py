@@ -50,7 +50,9 @@ def model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def llama_server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+def llama_server(
+    model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LlamaServer]:
     log = tmp_path_factory.mktemp("llama-server") / "server.log"
     server = LlamaServer.start(model_path, log, n_threads=2)
     yield server

@@ -34,7 +34,9 @@ from tests.support.servers import free_port
 __all__ = ["FakeAPI", "LlamaServer", "Recorded", "Reply", "anthropic_message", "chat_completion"]
 
 
-def chat_completion(text: str = "ok", prompt_tokens: int = 11, completion_tokens: int = 3) -> dict[str, Any]:
+def chat_completion(
+    text: str = "ok", prompt_tokens: int = 11, completion_tokens: int = 3
+) -> dict[str, Any]:
     return {
         "id": "chatcmpl-1",
         "object": "chat.completion",
@@ -51,7 +53,9 @@ def chat_completion(text: str = "ok", prompt_tokens: int = 11, completion_tokens
     }
 
 
-def anthropic_message(text: str = "ok", input_tokens: int = 10, output_tokens: int = 4, **usage: int) -> dict[str, Any]:
+def anthropic_message(
+    text: str = "ok", input_tokens: int = 10, output_tokens: int = 4, **usage: int
+) -> dict[str, Any]:
     return {
         "id": "msg_1",
         "type": "message",
@@ -120,7 +124,9 @@ class FakeAPI:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = raw.decode(errors="replace")
-        self.requests.append(Recorded(request.method, request.url.path, dict(request.headers), body))
+        self.requests.append(
+            Recorded(request.method, request.url.path, dict(request.headers), body)
+        )
         reply = self.replies.popleft() if self.replies else _default(request.url.path)
         if reply.delay:
             await asyncio.sleep(reply.delay)
@@ -133,11 +139,11 @@ class FakeAPI:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            app, log_level="error", lifespan="off", timeout_graceful_shutdown=1
-        )
+        config = uvicorn.Config(app, log_level="error", lifespan="off", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 20
         while not self._server.started:
@@ -166,14 +172,18 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     @classmethod
-    def start(cls, model_path: Path, log: Path, *, n_threads: int = 2, timeout: float = 180.0) -> LlamaServer:
+    def start(
+        cls, model_path: Path, log: Path, *, n_threads: int = 2, timeout: float = 180.0
+    ) -> LlamaServer:
         port = free_port()
         command = [
             sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
             "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(n_threads),
         ]  # fmt: skip
         with log.open("wb") as out:
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         server = cls(model_path, port, proc, log)
         server._wait_ready(timeout)
         return server
@@ -184,10 +194,12 @@ class LlamaServer:
             if self.proc.poll() is not None:
                 tail = self.log.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}:\n{tail}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as response:
-                    if response.status == 200:
-                        return
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as response,
+            ):
+                if response.status == 200:
+                    return
             time.sleep(0.25)
         self.stop()
         raise TimeoutError(f"llama_cpp.server not ready on port {self.port} after {timeout}s")

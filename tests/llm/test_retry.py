@@ -108,7 +108,7 @@ async def test_transient_failures_are_retried_until_success() -> None:
 
 async def test_retry_after_header_sets_the_delay() -> None:
     sleeps = Sleeps()
-    calls, attempt = failing(Flaky(429, {"retry-after": "4"}), Flaky(503, {"retry-after": "2"}))
+    _, attempt = failing(Flaky(429, {"retry-after": "4"}), Flaky(503, {"retry-after": "2"}))
     await call_with_retries(
         attempt, model="m", policy=policy(sleeps), classify=classify, redactor=Redactor()
     )

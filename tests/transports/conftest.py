@@ -22,6 +22,8 @@ class Kind:
     # consumer exists are still delivered to it
     groups: bool = True  # consumers of one group share (not duplicate) the messages
     redelivery_wait: float = 0.0  # how long an abandoned delivery takes to come back
+    metadata: bool = True  # key and headers travel beside the body (Synkro's pub/sub wire has
+    # only the body: they live inside the envelope there)
 
 
 KINDS = ["memory", "redis_streams", "redis_pubsub", "kafka"]
@@ -48,7 +50,7 @@ def _redis_pubsub(request: pytest.FixtureRequest) -> Kind:
 
     server = request.getfixturevalue("redis_server")
     return Kind("redis_pubsub", lambda: RedisPubSubTransport(server.url), durable=False,
-                groups=False)
+                groups=False, metadata=False)
 
 
 def _kafka(request: pytest.FixtureRequest) -> Kind:

@@ -98,29 +98,31 @@ class SQLiteCheckpointStore(CheckpointStore):
     def __init__(self, path: str | Path, *, result_ttl_s: float | None = None) -> None:
         self.path = str(path)
         self._result_ttl_ms = result_ttl_ms(result_ttl_s)
-        self._executor: ThreadPoolExecutor | None = None
-        self._db: sqlite3.Connection | None = None
+        self._worker: tuple[ThreadPoolExecutor, sqlite3.Connection] | None = None
         self._connecting = asyncio.Lock()
 
     # ---- plumbing -----------------------------------------------------------------------------
 
     async def connect(self) -> None:
+        await self._connected()
+
+    async def _connected(self) -> tuple[ThreadPoolExecutor, sqlite3.Connection]:
         async with self._connecting:
-            if self._executor is not None:
-                return
+            if self._worker is not None:
+                return self._worker
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="debatebus-sqlite")
             try:
-                self._db = await self._on(executor, lambda: _open(self.path))
+                db = await self._on(executor, lambda: _open(self.path))
             except BaseException:
                 executor.shutdown(wait=False)
                 raise
-            self._executor = executor
+            self._worker = (executor, db)
+            return self._worker
 
     async def close(self) -> None:
-        executor, db = self._executor, self._db
-        if executor is None or db is None:
+        if self._worker is None:
             return
-        self._executor = self._db = None
+        (executor, db), self._worker = self._worker, None
         try:
             await self._on(executor, db.close)
         finally:
@@ -137,10 +139,7 @@ class SQLiteCheckpointStore(CheckpointStore):
             ) from exc
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        if self._executor is None:
-            await self.connect()
-        executor, db = self._executor, self._db
-        assert executor is not None and db is not None
+        executor, db = self._worker or await self._connected()
         return await self._on(executor, lambda: fn(db))
 
     # ---- checkpoints --------------------------------------------------------------------------
@@ -249,7 +248,7 @@ class SQLiteCheckpointStore(CheckpointStore):
             return []
 
         def op(db: sqlite3.Connection) -> list[bool]:
-            now, found = time.time(), set()
+            now, found = time.time(), set[str]()
             for start in range(0, len(debate_ids), _IN_CHUNK):
                 chunk = debate_ids[start : start + _IN_CHUNK]
                 marks = ",".join("?" * len(chunk))

@@ -56,9 +56,9 @@ def _error_detail(exc: openai.APIError) -> str:
     """The server's own error message when the body has one (shorter than the SDK's repr)."""
     body = exc.body
     if isinstance(body, dict):
-        error = body.get("error", body.get("detail"))
+        error = body.get("error", body)  # the SDK may already have unwrapped {"error": …}
         if isinstance(error, dict):
-            error = error.get("message", error)
+            error = error.get("message") or error.get("detail")
         if error:
             return str(error)[:_DETAIL_LIMIT]
     return exc.message[:_DETAIL_LIMIT]
@@ -153,9 +153,10 @@ def _rejects_format(exc: BaseException | None) -> bool:
     """
     if isinstance(exc, openai.BadRequestError | openai.UnprocessableEntityError):
         return True
-    return isinstance(exc, openai.APIStatusError) and any(
-        word in exc.message for word in ("response_format", "json_schema")
-    )
+    if not isinstance(exc, openai.APIStatusError):
+        return False
+    said = f"{exc.message} {exc.body}"
+    return "response_format" in said or "json_schema" in said
 
 
 def _map_structured_error(

@@ -49,7 +49,7 @@ def build_client(url: str, *, connect_timeout: float) -> Redis:
 
 def check_client(client: Redis) -> None:
     """A caller-supplied client must hand back bytes: bodies are opaque and never decoded."""
-    if client.get_encoder().decode_responses:
+    if client.get_encoder().decode_responses:  # type: ignore[no-untyped-call]
         raise ConfigError("pass a redis.asyncio.Redis built with decode_responses=False")
 
 

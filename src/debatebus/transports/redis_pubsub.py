@@ -141,7 +141,7 @@ class RedisPubSubTransport(Transport):
         ignored: pub/sub has no groups, so every subscriber gets every message."""
         await self.connect()
         requeued: deque[Delivery] = deque()
-        async for delivery in self._listen(topics, requeued):
+        async for delivery in self._messages(await self._subscribed(topics), topics, requeued):
             yield delivery
 
     async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
@@ -149,23 +149,34 @@ class RedisPubSubTransport(Transport):
         _, _, dead = self._parts()
         channels = [t for t in topics if not _is_dlq(t)]
         streams = [t for t in topics if _is_dlq(t)]
-        if not streams:
-            source = self._listen(channels, None)
-        elif not channels:
-            source = dead.subscribe(streams)
-        else:
-            source = _merge(self._listen(channels, None), dead.subscribe(streams))
-        async for delivery in source:
-            yield delivery
+        sources: list[AsyncIterator[Delivery]] = []
+        if channels:
+            sources.append(self._messages(await self._subscribed(channels), channels, None))
+        if streams:
+            sources.append(await dead.subscribe(streams))
+        return sources[0] if len(sources) == 1 else _merge(*sources)
 
-    async def _listen(self, channels: Sequence[str],
-                      requeued: deque[Delivery] | None) -> AsyncIterator[Delivery]:
+    async def _subscribed(self, channels: Sequence[str]) -> PubSub:
+        """A pub/sub connection whose SUBSCRIBE the server has confirmed: whatever is published
+        after this returns reaches it."""
         client, _, _ = self._parts()
-        names = {channel.encode(): channel for channel in channels}
-        pubsub: PubSub = client.pubsub(ignore_subscribe_messages=True)
+        pubsub: PubSub = client.pubsub()
         try:
             with map_redis_errors(self._where):
                 await pubsub.subscribe(*channels)
+                for _ in set(channels):
+                    if await pubsub.get_message(timeout=self._connect_timeout) is None:
+                        raise TransportError(f"Redis at {self._where} did not confirm SUBSCRIBE "
+                                             f"within {self._connect_timeout}s: check its load")
+        except BaseException:
+            await _quietly_close(pubsub)
+            raise
+        return pubsub
+
+    async def _messages(self, pubsub: PubSub, channels: Sequence[str],
+                        requeued: deque[Delivery] | None) -> AsyncIterator[Delivery]:
+        names = {channel.encode(): channel for channel in channels}
+        try:
             while not self._closed:
                 if requeued:
                     yield requeued.popleft()
@@ -177,11 +188,15 @@ class RedisPubSubTransport(Transport):
                     yield Delivery(names[message["channel"]], message["data"], "", 1, None,
                                    NO_HEADERS, requeued)
         except TransportError:
-            if not self._closed:
+            if not self._closed:  # close() pulls the connection from under a blocked read
                 raise
         finally:
-            with contextlib.suppress(redis_errors.RedisError, OSError):
-                await pubsub.aclose()
+            await _quietly_close(pubsub)
+
+
+async def _quietly_close(pubsub: PubSub) -> None:
+    with contextlib.suppress(redis_errors.RedisError, OSError):
+        await pubsub.aclose()  # type: ignore[no-untyped-call]
 
 
 async def _merge(*sources: AsyncIterator[Delivery]) -> AsyncIterator[Delivery]:

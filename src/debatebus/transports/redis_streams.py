@@ -380,28 +380,42 @@ class RedisStreamsTransport(Transport):
                 counts[ident] = int(reply[0]["times_delivered"])
         return counts
 
+    async def touch(self, deliveries: Sequence[Delivery]) -> None:
+        """Reset the idle time of ``deliveries`` now (the transport also does so on its own for
+        everything it holds, every ``claim_idle_ms / 3``)."""
+        held: dict[_Lease, list[str]] = {}
+        for delivery in deliveries:
+            held.setdefault(_lease_of(delivery), []).append(delivery.id)
+        with map_redis_errors(self._where):
+            await self._refresh(held)
+
+    async def _refresh(self, held: Mapping[_Lease, Iterable[str]]) -> None:
+        # XCLAIM … JUSTID resets the idle time without counting a delivery.
+        pipe = self._redis().pipeline(transaction=False)
+        for lease, ids in held.items():
+            pipe.xclaim(lease.topic, lease.group, lease.consumer, 0, list(ids), justid=True)
+        await pipe.execute(raise_on_error=False)
+
     async def _keep_leases(self) -> None:
-        """Reset the idle time of every entry this process holds, so no live consumer's work
-        is taken over (XCLAIM with JUSTID does not count as a delivery)."""
+        """Keep everything this process holds — handed out or still buffered — from looking
+        abandoned, so no live consumer's work is taken over however long a debate runs."""
         while True:
             await asyncio.sleep(self._claim_idle_ms / 3000)
-            held = [lease for lease in self._leases.values() if lease.inflight]
-            if not held or self._client is None:
+            held = {lease: lease.inflight for lease in self._leases.values() if lease.inflight}
+            if not held:
                 continue
-            pipe = self._client.pipeline(transaction=False)
-            for lease in held:
-                pipe.xclaim(lease.topic, lease.group, lease.consumer, 0, list(lease.inflight),
-                            justid=True)
             try:
-                await pipe.execute(raise_on_error=False)
-            except (redis_errors.RedisError, OSError) as e:
+                await self._refresh(held)
+            except (redis_errors.RedisError, OSError, TransportError) as e:
                 log.warning("could not refresh pending entries on Redis at %s: %s", self._where, e)
 
     # -- reading outside any group ---------------------------------------------------------------
 
     async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
         await self.connect()
-        last = await self._last_ids(topics)
+        return self._follow(topics, await self._last_ids(topics))
+
+    async def _follow(self, topics: Sequence[str], last: dict[str, Any]) -> AsyncIterator[Delivery]:
         names = {topic.encode(): topic for topic in topics}
         try:
             while not self._closed:
@@ -434,7 +448,7 @@ class RedisStreamsTransport(Transport):
         while left is None or left > 0:
             page = _RANGE_PAGE if left is None else min(_RANGE_PAGE, left)
             with map_redis_errors(self._where):
-                entries: list[Any] = await self._redis().xrange(topic, start, end, count=page)
+                entries: Any = await self._redis().xrange(topic, start, end, count=page)
             for entry_id, fields in entries:
                 yield entry_to_delivery(topic, entry_id, fields)
             if len(entries) < page:

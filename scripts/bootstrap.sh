@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The two set-up commands of the README, on a fresh machine:
+#   bash scripts/bootstrap.sh demo   # install with the embedded local model, serve one debate on the bus
+#   bash scripts/bootstrap.sh test   # install everything the tests need and run them (what CI runs)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what="${1:-test}"
+
+ensure_system_packages() {
+  # Redis for the bus and its tests; Chromium for the live page's end-to-end test.
+  local missing=()
+  command -v redis-server >/dev/null || missing+=(redis-server)
+  if [ "$what" = test ]; then
+    command -v chromium >/dev/null || missing+=(chromium)
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+  fi
+}
+
+ensure_venv() {
+  if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+  fi
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+  python -m pip install -q --upgrade pip
+}
+
+case "$what" in
+  demo)
+    ensure_system_packages
+    ensure_venv
+    python -m pip install -q -e ".[redis,cli,fast]"
+    bash scripts/install-local-model.sh
+    # A private Redis for the demo unless one answers on the default port.
+    if redis-cli -p 6379 ping >/dev/null 2>&1; then
+      broker="redis://127.0.0.1:6379/0"
+    else
+      broker="memory://"
+    fi
+    exec python -m debatebus demo --broker "$broker" "${2:-Should we adopt microservices?}"
+    ;;
+  test)
+    ensure_system_packages
+    ensure_venv
+    python -m pip install -q -e ".[dev]"
+    bash scripts/install-local-model.sh
+    set +e
+    python -m pytest -q
+    status=$?
+    set -e
+    [ $status -eq 0 ] || exit $status
+    ruff check src tests benchmarks
+    mypy --strict src
+    ;;
+  *)
+    echo "usage: bash scripts/bootstrap.sh demo|test" >&2
+    exit 2
+    ;;
+esac

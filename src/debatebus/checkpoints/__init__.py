@@ -1,0 +1,68 @@
+"""Checkpoint stores for durable debates, chosen by URL with ``store_from_url``.
+
+``RedisCheckpointStore`` is imported lazily, so ``redis`` stays an optional dependency.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from debatebus.checkpoints.base import CheckpointStore, Counters, Lease, StoredCheckpoint
+from debatebus.checkpoints.memory import MemoryCheckpointStore
+from debatebus.checkpoints.sqlite import SQLiteCheckpointStore
+from debatebus.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from debatebus.checkpoints.redis import RedisCheckpointStore
+
+__all__ = [
+    "CheckpointStore",
+    "Counters",
+    "Lease",
+    "MemoryCheckpointStore",
+    "RedisCheckpointStore",
+    "SQLiteCheckpointStore",
+    "StoredCheckpoint",
+    "store_from_url",
+]
+
+FORMS = ("memory://", "sqlite:///abs/path.db", "sqlite://relative/path.db",
+         "a file path ending .db, .sqlite or .sqlite3", "redis://host:port/db",
+         "rediss://host:port/db")
+_SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RedisCheckpointStore":
+        from debatebus.checkpoints.redis import RedisCheckpointStore
+
+        return RedisCheckpointStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def store_from_url(url: str, **options: Any) -> CheckpointStore:
+    """``memory://`` → in-process; ``sqlite:///abs/path.db`` (or ``sqlite://rel/path.db``, or a
+    plain path ending .db/.sqlite/.sqlite3) → SQLite; ``redis://``/``rediss://`` → Redis.
+    ``options`` go to the store's constructor (``result_ttl_s``, ``prefix``…)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        return MemoryCheckpointStore(**options)
+    if scheme == "sqlite":
+        return SQLiteCheckpointStore(_sqlite_path(url), **options)
+    if scheme in ("redis", "rediss"):
+        from debatebus.checkpoints.redis import RedisCheckpointStore
+
+        return RedisCheckpointStore(url, **options)
+    if "://" not in url and Path(url).suffix.lower() in _SQLITE_SUFFIXES:
+        return SQLiteCheckpointStore(url, **options)
+    raise ConfigError(f"unsupported checkpoint store URL {url!r}: use one of {', '.join(FORMS)}")
+
+
+def _sqlite_path(url: str) -> str:
+    # Everything after "sqlite://": three slashes give an absolute path, two a relative one.
+    path = url.split("://", 1)[1].split("?", 1)[0]
+    if not path:
+        raise ConfigError(f"checkpoint store URL {url!r} names no file: use e.g. {FORMS[1]}")
+    return path

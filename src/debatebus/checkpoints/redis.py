@@ -1,0 +1,226 @@
+"""Redis checkpoint store: shared by every worker, the default when the bus is Redis.
+
+Layout per debate id (values are the caller's opaque bytes)::
+
+    {prefix}:ckpt:{id}:h    hash    header + counters (prompt_tokens, completion_tokens, ...)
+    {prefix}:ckpt:{id}:r    list    entries, RPUSHed: a round costs its own bytes, never a rewrite
+    {prefix}:result:{id}    string  final result (PX result_ttl when set)
+    {prefix}:lease:{id}     string  owner, PX ttl
+
+Every operation is one round trip; the ones that must be atomic are MULTI/EXEC or a Lua script.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from debatebus.checkpoints._common import lease_ttl_ms, not_begun, result_ttl_ms
+from debatebus.checkpoints.base import CheckpointStore, Counters, Lease, StoredCheckpoint
+from debatebus.transports.redis_common import (
+    build_client,
+    check_client,
+    describe,
+    map_redis_errors,
+)
+
+__all__ = ["RedisCheckpointStore"]
+
+_HEADER = b"header"
+_COUNTER_FIELDS = (b"prompt_tokens", b"completion_tokens", b"total_tokens", b"calls")
+
+# A Lua script rather than MULTI so an append can refuse a debate with no header: a stale worker
+# appending after put_result() must not resurrect a headerless checkpoint that never expires.
+_APPEND = """
+if redis.call('HEXISTS', KEYS[1], 'header') == 0 then return -1 end
+local n = redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[1], 'prompt_tokens', ARGV[2], 'completion_tokens', ARGV[3],
+           'total_tokens', ARGV[4], 'calls', ARGV[5])
+return n
+"""
+_ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if current == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class _Scripts:
+    """The Lua scripts, registered once per client (redis-py reloads them after a restart)."""
+
+    def __init__(self, client: Redis) -> None:
+        self.append: AsyncScript = client.register_script(_APPEND)
+        self.acquire: AsyncScript = client.register_script(_ACQUIRE)
+        self.renew: AsyncScript = client.register_script(_RENEW)
+        self.release: AsyncScript = client.register_script(_RELEASE)
+
+
+class RedisCheckpointStore(CheckpointStore):
+    """Checkpoints on Redis. ``url_or_client``: a ``redis://``/``rediss://`` URL (the store owns
+    and closes its client) or a ``redis.asyncio.Redis`` built with ``decode_responses=False``
+    (the caller keeps owning it). ``result_ttl_s`` makes final results expire (None: never)."""
+
+    def __init__(
+        self,
+        url_or_client: str | Redis,
+        *,
+        prefix: str = "debatebus",
+        result_ttl_s: float | None = None,
+        connect_timeout: float = 5.0,
+    ) -> None:
+        if isinstance(url_or_client, str):
+            self._url: str | None = url_or_client
+            self._given: Redis | None = None
+        else:
+            check_client(url_or_client)
+            self._url, self._given = None, url_or_client
+        self.prefix = prefix
+        self._result_ttl_ms = result_ttl_ms(result_ttl_s)
+        self._connect_timeout = connect_timeout
+        self._where = describe(self._url, self._given)
+        self._conn: tuple[Redis, _Scripts] | None = None
+
+    # ---- plumbing -----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        await self._client()
+
+    async def _client(self) -> tuple[Redis, _Scripts]:
+        if self._conn is not None:
+            return self._conn
+        client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
+        try:
+            with map_redis_errors(self._where):
+                await client.ping()  # fail at startup, with a clear message, not mid-debate
+        except BaseException:
+            if self._given is None:
+                await client.aclose()
+            raise
+        if self._conn is not None:  # another task connected while we pinged: keep theirs
+            if self._given is None:
+                await client.aclose()
+            return self._conn
+        self._conn = (client, _Scripts(client))
+        return self._conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and self._given is None:
+            await conn[0].aclose()
+
+    def _keys(self, debate_id: str) -> tuple[str, str]:
+        base = f"{self.prefix}:ckpt:{debate_id}"
+        return f"{base}:h", f"{base}:r"
+
+    def _result_key(self, debate_id: str) -> str:
+        return f"{self.prefix}:result:{debate_id}"
+
+    def _lease_key(self, debate_id: str) -> str:
+        return f"{self.prefix}:lease:{debate_id}"
+
+    async def _send(self, *commands: tuple[Any, ...], transaction: bool = True) -> list[Any]:
+        """Send commands in one round trip; as one MULTI/EXEC (nothing interleaved) by default."""
+        redis, _ = await self._client()
+        with map_redis_errors(self._where):
+            async with redis.pipeline(transaction=transaction) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                return await pipe.execute()
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    async def begin(self, debate_id: str, header: bytes) -> bytes:
+        h, _ = self._keys(debate_id)
+        _, stored = await self._send(("HSETNX", h, _HEADER, header), ("HGET", h, _HEADER))
+        return bytes(stored)
+
+    async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
+        _, scripts = await self._client()
+        args = (entry, counters.prompt_tokens, counters.completion_tokens, counters.total_tokens,
+                counters.calls)
+        with map_redis_errors(self._where):
+            count = int(await scripts.append(keys=self._keys(debate_id), args=args))
+        if count < 0:
+            raise not_begun(debate_id)
+        return count
+
+    async def load(self, debate_id: str) -> StoredCheckpoint | None:
+        h, r = self._keys(debate_id)
+        fields, entries = await self._send(("HGETALL", h), ("LRANGE", r, 0, -1))
+        if _HEADER not in fields:
+            return None
+        counters = Counters(*(int(fields.get(name, 0)) for name in _COUNTER_FIELDS))
+        return StoredCheckpoint(bytes(fields[_HEADER]), [bytes(e) for e in entries], counters)
+
+    async def size_bytes(self, debate_id: str) -> int:
+        # What the server really spends (keys, encodings, allocator overhead), not payload bytes:
+        # this is what capacity planning needs. SAMPLES 0 counts every list element exactly.
+        h, r = self._keys(debate_id)
+        sizes = await self._send(
+            ("MEMORY", "USAGE", h, "SAMPLES", 0), ("MEMORY", "USAGE", r, "SAMPLES", 0)
+        )
+        return sum(int(size or 0) for size in sizes)
+
+    # ---- results ------------------------------------------------------------------------------
+
+    async def put_result(self, debate_id: str, result: bytes) -> None:
+        expiry = () if self._result_ttl_ms is None else ("PX", self._result_ttl_ms)
+        await self._send(
+            ("SET", self._result_key(debate_id), result, *expiry),
+            ("DEL", *self._keys(debate_id)),
+        )
+
+    async def get_result(self, debate_id: str) -> bytes | None:
+        [value] = await self._send(("GET", self._result_key(debate_id)), transaction=False)
+        return None if value is None else bytes(value)
+
+    async def has_results(self, debate_ids: list[str]) -> list[bool]:
+        # One pipelined EXISTS per id (one round trip) rather than MGET: no result bodies travel.
+        keys = [self._result_key(debate_id) for debate_id in debate_ids]
+        replies = await self._send(*(("EXISTS", key) for key in keys), transaction=False)
+        return [bool(reply) for reply in replies]
+
+    # ---- leases -------------------------------------------------------------------------------
+
+    async def acquire_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
+        return await self._lease_script("acquire", debate_id, owner, lease_ttl_ms(ttl_s))
+
+    async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
+        return await self._lease_script("renew", debate_id, owner, lease_ttl_ms(ttl_s))
+
+    async def release_lease(self, debate_id: str, owner: str) -> None:
+        await self._lease_script("release", debate_id, owner)
+
+    async def _lease_script(self, name: str, debate_id: str, owner: str, *args: int) -> bool:
+        _, scripts = await self._client()
+        script: AsyncScript = getattr(scripts, name)
+        with map_redis_errors(self._where):
+            reply = await script(keys=[self._lease_key(debate_id)], args=[owner, *args])
+        return bool(reply)
+
+    async def get_lease(self, debate_id: str) -> Lease | None:
+        key = self._lease_key(debate_id)
+        owner, pttl = await self._send(("GET", key), ("PTTL", key))
+        if owner is None or pttl == -2:
+            return None
+        # -1 (no expiry) only happens if someone PERSISTed the key by hand: report it as endless.
+        remaining = math.inf if pttl == -1 else pttl / 1000
+        return Lease(owner.decode() if isinstance(owner, bytes) else str(owner), remaining)

@@ -1,0 +1,132 @@
+"""Worker processes on real brokers: sharing a group, takeover after SIGKILL, drain on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from debatebus.client import BusClient
+from debatebus.schemas.envelope import Envelope
+from tests.bus.conftest import transport_options
+from tests.bus.processes import WorkerProcess, calls_by_topic, read_calls, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["redis_streams", "kafka"])
+def durable_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "kafka":
+        return str(request.getfixturevalue("tansu_server").url)
+    return str(request.getfixturevalue("redis_server").url)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for w in started:
+        w.stop()
+
+
+class Collector:
+    """Every result envelope on an event type's completed/failed topics, by request id."""
+
+    def __init__(self) -> None:
+        self.results: list[Envelope] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self, client: BusClient, event_type: str) -> None:
+        it = await client.results(event_type)
+
+        async def pump() -> None:
+            async for envelope in it:
+                self.results.append(envelope)
+
+        self.task = asyncio.create_task(pump())
+
+    def counts(self) -> Counter[str]:
+        return Counter(e.request_id for e in self.results)
+
+    async def wait_for(self, ids: list[str], timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while not set(ids) <= set(self.counts()):
+                await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def collecting(url: str, event_type: str) -> AsyncIterator[tuple[BusClient, Collector]]:
+    async with BusClient(url, **transport_options(url)) as client:
+        collector = Collector()
+        await collector.start(client, event_type)
+        try:
+            yield client, collector
+        finally:
+            if collector.task:
+                collector.task.cancel()
+
+
+def env_for(url: str, event_type: str, tmp_path: Path, **extra: Any) -> dict[str, str]:
+    env = {"DBB_BROKER": url, "DBB_EVENT_TYPE": event_type,
+           "DBB_CALLS_LOG": str(tmp_path / "calls.log")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+async def test_two_workers_share_the_group_and_answer_each_request_once(
+        durable_url: str, workers: list[WorkerProcess], tmp_path: Path) -> None:
+    event_type = f"debate:req{uuid.uuid4().hex[:6]}"
+    env = env_for(durable_url, event_type, tmp_path, DBB_DELAY="0.02")
+    async with collecting(durable_url, event_type) as (client, collector):
+        for i in range(2):
+            workers.append(WorkerProcess(env, tmp_path / f"w{i}.log"))
+        ids = [await client.publish(event_type, {"input": f"topic {i}"}, request_id=f"r{i}")
+               for i in range(30)]
+        await collector.wait_for(ids, 120)
+        await asyncio.sleep(2.0)  # any duplicate would arrive by now
+    counts = collector.counts()
+    assert all(counts[i] == 1 for i in ids), counts
+    pids = {c["pid"] for c in read_calls(tmp_path / "calls.log")}
+    assert pids == {w.pid for w in workers}, "both workers should have taken part"
+
+
+async def test_killed_worker_request_is_taken_over(
+        durable_url: str, workers: list[WorkerProcess], tmp_path: Path) -> None:
+    event_type = f"debate:req{uuid.uuid4().hex[:6]}"
+    calls = tmp_path / "calls.log"
+    env = env_for(durable_url, event_type, tmp_path, DBB_DELAY="0.5")
+    async with collecting(durable_url, event_type) as (client, collector):
+        first = WorkerProcess(env, tmp_path / "first.log")
+        workers.append(first)
+        rid = await client.publish(event_type, {"input": "victim"}, request_id="victim")
+        await asyncio.to_thread(wait_until, lambda: calls_by_topic(calls)["Debate topic: victim"] >= 2,
+                                60, "the first worker to start the debate")
+        first.kill()
+        workers.append(WorkerProcess(env, tmp_path / "second.log"))
+        await collector.wait_for([rid], 120)
+    result = collector.results[0]
+    assert result.payload["debateStatus"] == "completed"
+    assert {c["pid"] for c in read_calls(calls)} == {w.pid for w in workers}
+
+
+async def test_sigterm_drains_in_flight_debate_before_exiting(
+        durable_url: str, workers: list[WorkerProcess], tmp_path: Path) -> None:
+    event_type = f"debate:req{uuid.uuid4().hex[:6]}"
+    calls = tmp_path / "calls.log"
+    env = env_for(durable_url, event_type, tmp_path, DBB_DELAY="0.3")
+    async with collecting(durable_url, event_type) as (client, collector):
+        worker = WorkerProcess(env, tmp_path / "w.log")
+        workers.append(worker)
+        rid = await client.publish(event_type, {"input": "drain me"}, request_id="drain")
+        await asyncio.to_thread(wait_until, lambda: calls_by_topic(calls)["Debate topic: drain me"] >= 1,
+                                60, "the debate to start")
+        code = await asyncio.to_thread(worker.terminate, 60)
+        assert code == 0, (tmp_path / "w.log").read_text()
+        await collector.wait_for([rid], 10)
+    assert collector.results[0].payload["debateStatus"] == "completed"

@@ -1,0 +1,73 @@
+"""A worker app for subprocess tests, configured by environment variables.
+
+Every LLM call is appended to ``DBB_CALLS_LOG`` (one JSON line: debate id, purpose, round, speaker,
+pid) so tests can count the calls each debate cost across worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus.worker import DebateBus
+
+DEBATE_IDS: dict[str, str] = {}
+
+
+def _log_call(request: LLMRequest) -> None:
+    path = os.environ.get("DBB_CALLS_LOG")
+    if path:
+        line = json.dumps({"topic": request.prompt.split("\n", 1)[0], "purpose": request.purpose,
+                           "round": request.round, "speaker": request.speaker, "pid": os.getpid()})
+        with open(path, "a") as f:  # one short write per line: O_APPEND keeps lines whole
+            f.write(line + "\n")
+
+
+async def _answer(request: LLMRequest) -> Any:
+    _log_call(request)
+    await asyncio.sleep(float(os.environ.get("DBB_DELAY", "0")))
+    if request.purpose == "judge":
+        return {"consensus": False, "summary": f"round {request.round}"}
+    return f"{request.speaker} in round {request.round}"
+
+
+def build_debate() -> Debate:
+    return Debate(
+        "process-debate",
+        [Participant("optimist", "For."), Participant("critic", "Against.")],
+        llm=FunctionLLM(_answer),
+        moderator=Participant("moderator", "Moderate."),
+        judge=Judge() if os.environ.get("DBB_JUDGE", "1") == "1" else None,
+        max_rounds=int(os.environ.get("DBB_ROUNDS", "2")),
+    )
+
+
+def _transport_options(url: str) -> dict[str, Any]:
+    if url.startswith("kafka://"):
+        return {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
+    if url.startswith("redis://"):
+        return {"claim_idle_ms": int(os.environ.get("DBB_CLAIM_IDLE_MS", "1500")), "block_ms": 200}
+    return {}
+
+
+def app() -> DebateBus:
+    url = os.environ["DBB_BROKER"]
+    bus = DebateBus(
+        url,
+        concurrency=int(os.environ.get("DBB_CONCURRENCY", "8")),
+        drain_timeout=float(os.environ.get("DBB_DRAIN_TIMEOUT", "30")),
+        touch_interval_s=float(os.environ.get("DBB_TOUCH_S", "0.5")),
+        transport_options=_transport_options(url),
+    )
+    options: dict[str, Any] = {}
+    store_url = os.environ.get("DBB_STORE")
+    if store_url:
+        from debatebus.checkpoints import store_from_url
+
+        options["store"] = store_from_url(store_url)
+        options["lease_ttl_s"] = float(os.environ.get("DBB_LEASE_TTL", "2"))
+    bus.subscribe(os.environ["DBB_EVENT_TYPE"], build_debate().as_handler(**options))
+    return bus

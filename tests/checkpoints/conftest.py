@@ -1,0 +1,68 @@
+"""One backend per checkpoint store; the contract suite runs against each of them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from debatebus.checkpoints import CheckpointStore, MemoryCheckpointStore, SQLiteCheckpointStore
+
+KINDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+
+
+@dataclass
+class Backend:
+    """Where a store keeps its data. ``make()`` opens another store on the same data, as a second
+    worker would (the memory backend can only hand back the same instance)."""
+
+    name: str
+    make: Callable[[], CheckpointStore]
+    durable: bool  # a new store instance sees what an earlier one wrote
+
+
+def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    shared = MemoryCheckpointStore()
+    return Backend("memory", lambda: shared, durable=False)
+
+
+def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    path = tmp_path / "checkpoints.db"
+    return Backend("sqlite", lambda: SQLiteCheckpointStore(path), durable=True)
+
+
+def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    from debatebus.checkpoints import RedisCheckpointStore
+
+    server = request.getfixturevalue("redis_server")
+    # A fresh prefix per test: the session's redis-server is shared by every test.
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    return Backend("redis", lambda: RedisCheckpointStore(server.url, prefix=prefix), durable=True)
+
+
+_MAKERS = {"memory": _memory, "sqlite": _sqlite, "redis": _redis}
+
+
+@pytest.fixture(params=KINDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return _MAKERS[request.param](request, tmp_path)
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[CheckpointStore]:
+    async with backend.make() as s:
+        yield s
+
+
+@pytest.fixture
+async def peer(backend: Backend, store: CheckpointStore) -> AsyncIterator[CheckpointStore]:
+    """A second worker's store on the same data."""
+    other = backend.make()
+    if other is store:
+        yield store
+        return
+    async with other:
+        yield other
