@@ -13,15 +13,18 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 import msgspec
 
+from debatebus.engine.run import OnEvent
 from debatebus.exceptions import ConfigError, InputError, LeaseLostError, TransportError
+from debatebus.observe import Observer, Outcome, RequestContext, fan_out
 from debatebus.schemas.envelope import (
     ENVELOPE_DECODER,
     ENVELOPE_ENCODER,
@@ -41,6 +44,7 @@ DEFAULT_GROUP = "debatebus"
 EVENTS_TOPIC = "debate:events"
 EVENT_ENCODER = msgspec.json.Encoder()
 Handler = Callable[..., Awaitable[Mapping[str, Any]]]
+_Settled = tuple[Outcome, Mapping[str, Any] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,7 @@ class DebateBus:
         drain_timeout: float = 30.0,
         touch_interval_s: float = 10.0,
         transport_options: Mapping[str, Any] | None = None,
+        observers: Sequence[Observer] = (),
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
@@ -118,6 +123,8 @@ class DebateBus:
         self.drain_timeout = drain_timeout
         self.touch_interval_s = touch_interval_s
         self.routes: dict[str, _Route] = {}
+        self.observers = list(observers)
+        self.observer = fan_out(self.observers)
         self._stopping: asyncio.Event | None = None  # made on the running loop
         self._inflight: dict[asyncio.Task[None], Delivery] = {}
         self._connected = False
@@ -238,8 +245,15 @@ class DebateBus:
                     log.warning("could not touch in-flight deliveries: %s", exc)
 
     async def _process(self, delivery: Delivery) -> None:
+        observer = self.observer
+        ctx = RequestContext(delivery.topic, delivery.id, delivery.deliveries) if observer else None
+        if observer is not None and ctx is not None:
+            observer.request_started(ctx)
+            started = time.perf_counter()
+        outcome: Outcome = "unsettled"
+        result: Mapping[str, Any] | None = None
         try:
-            await self._settle(delivery)
+            outcome, result = await self._settle(delivery, ctx)
         except LeaseLostError as exc:
             log.warning("%s (%s %s left for redelivery)", exc, delivery.topic, delivery.id)
         except TransportError as exc:
@@ -249,54 +263,70 @@ class DebateBus:
             log.exception("handler error on %s %s (left for redelivery)", delivery.topic, delivery.id)
             with contextlib.suppress(TransportError):
                 await self.transport.reject(delivery, "handler raised", requeue=True)
+        finally:
+            if observer is not None and ctx is not None:
+                observer.request_finished(ctx, outcome, result, time.perf_counter() - started)
 
-    async def _settle(self, delivery: Delivery) -> None:
+    async def _settle(self, delivery: Delivery, ctx: RequestContext | None) -> _Settled:
         route = self.routes.get(delivery.topic)
         if route is None:
             await self.transport.reject(delivery, f"no handler subscribed for {delivery.topic!r}")
-            return
+            return "dead_lettered", None
         if len(delivery.body) > self.max_message_bytes:
-            await self._reject_or_fail(delivery, (
+            return await self._reject_or_fail(delivery, (
                 f"message is {len(delivery.body)} bytes, over the limit of {self.max_message_bytes}: "
                 "send a smaller message or raise max_message_bytes"))
-            return
         if delivery.deliveries > self.max_deliveries:
             await self.transport.reject(delivery, (
                 f"delivered {delivery.deliveries} times without completing (max_deliveries="
                 f"{self.max_deliveries}): inspect the handler's logs for this request"))
-            return
+            return "dead_lettered", None
         try:
             request = ENVELOPE_DECODER.decode(delivery.body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await self._reject_or_fail(delivery, _decode_reason(exc))
-            return
-        await self._handle(route, delivery, request)
+            return await self._reject_or_fail(delivery, _decode_reason(exc))
+        if ctx is not None:
+            ctx.request_id, ctx.headers = request.request_id, request.headers
+            ctx.debate_name = getattr(route.handler, "name", None)
+        return await self._handle(route, delivery, request, ctx)
 
-    async def _reject_or_fail(self, delivery: Delivery, reason: str) -> None:
+    async def _reject_or_fail(self, delivery: Delivery, reason: str) -> _Settled:
         """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
         request_id, payload = _lenient_request_id(delivery.body)
         if request_id is None:
             await self.transport.reject(delivery, reason)
-            return
+            return "dead_lettered", None
         request = Envelope(request_id=request_id, payload=payload, type=delivery.topic)
-        await self._ack(delivery, request, _failure_payload(payload, request_id, reason), "failed")
+        result = _failure_payload(payload, request_id, reason)
+        await self._ack(delivery, request, result, "failed", None)
+        return "bad_input", result
 
-    async def _handle(self, route: _Route, delivery: Delivery, request: Envelope) -> None:
+    async def _handle(self, route: _Route, delivery: Delivery, request: Envelope,
+                      ctx: RequestContext | None) -> _Settled:
+        outcome: Outcome
         try:
             if route.accepts_context:
-                on_event = self._event_publisher(request) if self.publish_events else None
                 result = await route.handler(request.payload, request_id=request.request_id,
-                                             on_event=on_event)
+                                             on_event=self._on_event(request, ctx))
             else:
                 result = await route.handler(request.payload)
         except InputError as exc:
             result = _failure_payload(request.payload, request.request_id, str(exc))
+            outcome = "bad_input"
+        else:
+            failed = result.get("debateStatus") == "failed"
+            outcome = "failed" if failed else "replayed" if result.get("debateReplayed") else "completed"
         status = "failed" if result.get("debateStatus") == "failed" else "completed"
-        await self._ack(delivery, request, result, status)
+        await self._ack(delivery, request, result, status, ctx)
+        return outcome, result
 
     async def _ack(self, delivery: Delivery, request: Envelope, result: Mapping[str, Any],
-                   status: str) -> None:
+                   status: str, ctx: RequestContext | None) -> None:
         topic = completed_topic(delivery.topic) if status == "completed" else failed_topic(delivery.topic)
+        headers = request.headers
+        if ctx is not None and self.observer is not None:
+            extra = self.observer.outgoing_headers(ctx)
+            headers = {**headers, **extra} if extra else headers
         body = ENVELOPE_ENCODER.encode(Envelope(
             request_id=request.request_id,
             payload=dict(result),
@@ -304,12 +334,21 @@ class DebateBus:
             correlation_id=request.correlation_id or request.request_id,
             causation_id=request.request_id,
             timestamp=now_iso(),
-            headers=request.headers,
+            headers=headers,
         ))
         await self.transport.ack(delivery, [Outgoing(topic, body, key=request.request_id)])
 
-    def _event_publisher(self, request: Envelope) -> Callable[[DebateEvent], Awaitable[None]]:
+    def _on_event(self, request: Envelope, ctx: RequestContext | None) -> OnEvent | None:
+        """The debate's event callback: observers see events, ``debate:events`` carries them."""
+        observer = self.observer
+        if not self.publish_events:
+            if observer is None or ctx is None:
+                return None
+            return lambda event: observer.debate_event(ctx, event)
+
         async def publish(event: DebateEvent) -> None:
+            if observer is not None and ctx is not None:
+                observer.debate_event(ctx, event)
             await self.transport.publish(
                 Outgoing(self.events_topic, EVENT_ENCODER.encode(event), key=request.request_id)
             )

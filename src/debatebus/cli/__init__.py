@@ -17,6 +17,8 @@ _COMMAND_MODULES = (
     "debatebus.cli.bus_cmds",
     "debatebus.cli.run_cmd",
     "debatebus.cli.ops_cmds",
+    "debatebus.cli.observe_cmds",
+    "debatebus.cli.web_cmds",
 )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from debatebus.engine.definition import DebateSpec, Judge, Participant
+from debatebus.engine.definition import Budget, DebateSpec, Judge, Participant
 from debatebus.engine.phi import interpret_phi_hat
 from debatebus.engine.prompts import PromptContext, fill_template, template_fields
 from debatebus.engine.result import DebateResult, DebateState, Progress
@@ -96,9 +96,7 @@ class Run:
 
     # ---- calls --------------------------------------------------------------------------------
 
-    def _check_budget(self, request: LLMRequest) -> None:
-        budget = self.spec.budget
-        assert budget is not None
+    def _check_budget(self, budget: Budget, request: LLMRequest) -> None:
         used = self.progress
         if budget.max_calls is not None and used.calls >= budget.max_calls:
             raise BudgetExceededError(
@@ -114,7 +112,7 @@ class Run:
 
     async def call(self, llm: LLM, request: LLMRequest) -> LLMResponse:
         if self.spec.budget is not None:
-            self._check_budget(request)
+            self._check_budget(self.spec.budget, request)
         self.progress.calls += 1
         try:
             response = await llm.complete(request)

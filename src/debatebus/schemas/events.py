@@ -37,6 +37,13 @@ class _Event(msgspec.Struct, tag_field="type", rename="camel", kw_only=True, gc=
     request_id: str | None = None
 
 
+class _CallEvent(_Event):
+    """An event that reports one model call: which model, and how long it took."""
+
+    model: str = ""
+    duration_ms: float = 0.0
+
+
 class DebateStarted(_Event, tag="debate_started"):
     topic: str
     debate_name: str
@@ -46,7 +53,7 @@ class DebateStarted(_Event, tag="debate_started"):
     resumed_from_round: int = 0
 
 
-class FramingCompleted(_Event, tag="framing_completed"):
+class FramingCompleted(_CallEvent, tag="framing_completed"):
     speaker: str
     text: str
     usage: TokenUsage = ZERO_USAGE
@@ -57,14 +64,14 @@ class RoundStarted(_Event, tag="round_started"):
     phase: str
 
 
-class TurnCompleted(_Event, tag="turn_completed"):
+class TurnCompleted(_CallEvent, tag="turn_completed"):
     speaker: str
     round: int
     text: str
     usage: TokenUsage = ZERO_USAGE
 
 
-class TurnFailed(_Event, tag="turn_failed"):
+class TurnFailed(_CallEvent, tag="turn_failed"):
     speaker: str
     round: int
     text: str
@@ -72,8 +79,9 @@ class TurnFailed(_Event, tag="turn_failed"):
     usage: TokenUsage = ZERO_USAGE
 
 
-class VerdictReached(_Event, tag="verdict"):
+class VerdictReached(_CallEvent, tag="verdict"):
     round: int
+    speaker: str = "judge"
     verdict: dict[str, Any]
     usage: TokenUsage = ZERO_USAGE
 
@@ -89,7 +97,7 @@ class PhiUpdate(_Event, tag="phi_update"):
     level: str
 
 
-class SynthesisCompleted(_Event, tag="synthesis_completed"):
+class SynthesisCompleted(_CallEvent, tag="synthesis_completed"):
     speaker: str
     text: str
     usage: TokenUsage = ZERO_USAGE

@@ -1,0 +1,282 @@
+"""The checkpoint store contract: memory, SQLite and Redis must all pass this suite."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from debatebus.checkpoints import CheckpointStore, Counters
+from debatebus.exceptions import ConfigError
+from tests.checkpoints.conftest import Backend
+
+TTL = 0.4  # lease TTL for expiry tests
+EXPIRED = 1.2  # comfortably past TTL, even on a loaded 2-core machine
+LONG = 60.0  # a lease that must not expire during a test
+
+
+def usage(n: int) -> Counters:
+    return Counters(prompt_tokens=10 * n, completion_tokens=5 * n, total_tokens=15 * n, calls=n)
+
+
+async def wait_lease_gone(store: CheckpointStore, debate_id: str) -> None:
+    """Wait past TTL, then until the store agrees the lease lapsed (Redis expiry is lazy+active)."""
+    await asyncio.sleep(EXPIRED)
+    for _ in range(50):
+        if await store.get_lease(debate_id) is None:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"lease on {debate_id} still live long after its TTL")
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+async def test_unknown_debate_has_nothing(store: CheckpointStore) -> None:
+    assert await store.load("nope") is None
+    assert await store.get_result("nope") is None
+    assert await store.get_lease("nope") is None
+    assert await store.size_bytes("nope") == 0
+    assert await store.has_results(["nope"]) == [False]
+
+
+async def test_begin_is_idempotent_and_keeps_the_first_header(store: CheckpointStore) -> None:
+    assert await store.begin("d1", b"first") == b"first"
+    assert await store.begin("d1", b"second") == b"first"
+    loaded = await store.load("d1")
+    assert loaded is not None
+    assert loaded.header == b"first"
+    assert loaded.entries == []
+    assert loaded.counters == Counters()
+
+
+async def test_append_keeps_order_and_the_last_counters(store: CheckpointStore) -> None:
+    await store.begin("d1", b"h")
+    counts = [await store.append("d1", f"round {i}".encode(), usage(i)) for i in range(1, 6)]
+    assert counts == [1, 2, 3, 4, 5]
+    loaded = await store.load("d1")
+    assert loaded is not None
+    assert loaded.entries == [f"round {i}".encode() for i in range(1, 6)]
+    assert loaded.counters == usage(5)
+
+
+async def test_values_are_opaque_bytes(store: CheckpointStore) -> None:
+    header, entries = b"\x00\xff{h}\r\n", [b"", b"\x00", os.urandom(3000), "é".encode()]
+    await store.begin("bin", header)
+    for entry in entries:
+        await store.append("bin", entry, Counters())
+    loaded = await store.load("bin")
+    assert loaded is not None
+    assert loaded.header == header
+    assert loaded.entries == entries
+    result = os.urandom(500) + b"\x00"
+    await store.put_result("bin", result)
+    assert await store.get_result("bin") == result
+
+
+async def test_loaded_entries_are_a_snapshot(store: CheckpointStore) -> None:
+    await store.begin("d1", b"h")
+    await store.append("d1", b"e1", usage(1))
+    first = await store.load("d1")
+    assert first is not None
+    first.entries.append(b"mutated by the caller")
+    await store.append("d1", b"e2", usage(2))
+    again = await store.load("d1")
+    assert again is not None
+    assert again.entries == [b"e1", b"e2"]
+
+
+async def test_append_before_begin_is_refused(store: CheckpointStore) -> None:
+    with pytest.raises(ConfigError, match="begin"):
+        await store.append("never-begun", b"e", usage(1))
+    assert await store.load("never-begun") is None
+
+
+async def test_debates_are_independent(store: CheckpointStore) -> None:
+    await store.begin("a", b"ha")
+    await store.begin("b", b"hb")
+    await store.append("a", b"a1", usage(1))
+    await store.append("b", b"b1", usage(7))
+    await store.append("a", b"a2", usage(2))
+    a, b = await store.load("a"), await store.load("b")
+    assert a is not None
+    assert b is not None
+    assert (a.header, a.entries, a.counters) == (b"ha", [b"a1", b"a2"], usage(2))
+    assert (b.header, b.entries, b.counters) == (b"hb", [b"b1"], usage(7))
+
+
+async def test_concurrent_appends_are_atomic(store: CheckpointStore, peer: CheckpointStore) -> None:
+    await store.begin("d1", b"h")
+    bodies = [f"e{i}".encode() for i in range(40)]
+    counts = await asyncio.gather(
+        *(s.append("d1", body, usage(1)) for s, body in zip([store, peer] * 20, bodies, strict=True))
+    )
+    assert sorted(counts) == list(range(1, 41))
+    loaded = await store.load("d1")
+    assert loaded is not None
+    assert sorted(loaded.entries) == sorted(bodies)
+
+
+async def test_a_second_worker_sees_the_checkpoint(backend: Backend, store: CheckpointStore) -> None:
+    await store.begin("d1", b"h")
+    await store.append("d1", b"e1", usage(1))
+    await store.close()
+    other = backend.make()
+    async with other:
+        assert await other.begin("d1", b"other header") == b"h"
+        assert await other.append("d1", b"e2", usage(2)) == 2
+        loaded = await other.load("d1")
+    assert loaded is not None
+    assert loaded.entries == [b"e1", b"e2"]
+
+
+async def test_size_grows_linearly_with_entries(store: CheckpointStore) -> None:
+    await store.begin("d1", b"header " * 20)
+    entry, sizes, n = os.urandom(1000), {}, 0
+    for target in (2, 4, 8, 16):
+        while n < target:
+            n = await store.append("d1", entry, usage(n + 1))
+        sizes[target] = await store.size_bytes("d1")
+    early, late = sizes[8] - sizes[4], sizes[16] - sizes[8]
+    assert early > 0, sizes
+    # Linear: 8 more entries cost twice what 4 more did. Quadratic storage would cost 4x.
+    assert late == pytest.approx(2 * early, rel=0.10), sizes
+    assert late / 8 >= len(entry), sizes  # every entry is actually kept
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+
+async def test_put_result_drops_the_checkpoint(store: CheckpointStore) -> None:
+    await store.begin("d1", b"h")
+    await store.append("d1", b"e1", usage(1))
+    await store.put_result("d1", b"result")
+    assert await store.get_result("d1") == b"result"
+    assert await store.load("d1") is None
+    assert await store.size_bytes("d1") == 0
+    with pytest.raises(ConfigError):
+        await store.append("d1", b"late entry from a stale worker", usage(2))
+    assert await store.load("d1") is None
+
+
+async def test_put_result_overwrites(store: CheckpointStore) -> None:
+    await store.put_result("d1", b"first")
+    await store.put_result("d1", b"second")
+    assert await store.get_result("d1") == b"second"
+
+
+async def test_put_result_without_a_checkpoint(store: CheckpointStore) -> None:
+    await store.put_result("d1", b"r")
+    assert await store.get_result("d1") == b"r"
+    assert await store.load("d1") is None
+
+
+async def test_has_results_answers_a_batch_in_order(store: CheckpointStore) -> None:
+    await store.put_result("b", b"rb")
+    await store.put_result("d", b"rd")
+    await store.begin("c", b"begun, not finished")
+    ids = ["a", "b", "c", "d", "b", "e"]
+    assert await store.has_results(ids) == [False, True, False, True, True, False]
+    assert await store.has_results([]) == []
+    many = [f"id-{i}" for i in range(1200)]  # past any per-statement parameter limit
+    await store.put_result("id-1100", b"r")
+    assert (await store.has_results(many)).count(True) == 1
+
+
+# ---- leases -----------------------------------------------------------------------------------
+
+
+async def test_lease_free_then_held(store: CheckpointStore, peer: CheckpointStore) -> None:
+    assert await store.acquire_lease("d1", "w1", LONG) is True
+    assert await peer.acquire_lease("d1", "w2", LONG) is False
+    lease = await peer.get_lease("d1")
+    assert lease is not None
+    assert lease.owner == "w1"
+    assert 0 < lease.expires_in_s <= LONG
+
+
+async def test_same_owner_reacquires_and_extends(store: CheckpointStore) -> None:
+    assert await store.acquire_lease("d1", "w1", TTL) is True
+    assert await store.acquire_lease("d1", "w1", LONG) is True
+    lease = await store.get_lease("d1")
+    assert lease is not None
+    assert lease.owner == "w1"
+    assert lease.expires_in_s > LONG / 2
+
+
+async def test_renew_extends_our_lease(store: CheckpointStore, peer: CheckpointStore) -> None:
+    assert await store.acquire_lease("d1", "w1", TTL) is True
+    assert await store.renew_lease("d1", "w1", LONG) is True
+    await asyncio.sleep(EXPIRED)  # past the first TTL: only the renewal keeps it alive
+    assert await peer.acquire_lease("d1", "w2", LONG) is False
+    lease = await store.get_lease("d1")
+    assert lease is not None
+    assert lease.owner == "w1"
+    assert lease.expires_in_s > LONG / 2
+
+
+async def test_expired_lease_goes_to_another_owner(store: CheckpointStore,
+                                                   peer: CheckpointStore) -> None:
+    assert await store.acquire_lease("d1", "w1", TTL) is True
+    await wait_lease_gone(peer, "d1")
+    assert await peer.acquire_lease("d1", "w2", LONG) is True
+    assert await store.renew_lease("d1", "w1", LONG) is False
+    lease = await store.get_lease("d1")
+    assert lease is not None
+    assert lease.owner == "w2"
+
+
+async def test_expired_lease_is_not_renewed_even_if_untaken(store: CheckpointStore) -> None:
+    # The owner must notice that its lease lapsed: another worker may have resumed meanwhile.
+    assert await store.acquire_lease("d1", "w1", TTL) is True
+    await wait_lease_gone(store, "d1")
+    assert await store.renew_lease("d1", "w1", LONG) is False
+    assert await store.get_lease("d1") is None
+
+
+async def test_renew_of_someone_elses_lease_fails(store: CheckpointStore,
+                                                  peer: CheckpointStore) -> None:
+    assert await store.renew_lease("d1", "w1", LONG) is False  # nobody holds it
+    assert await store.acquire_lease("d1", "w1", LONG) is True
+    assert await peer.renew_lease("d1", "w2", LONG) is False
+    lease = await store.get_lease("d1")
+    assert lease is not None
+    assert lease.owner == "w1"
+
+
+async def test_release_only_by_the_owner(store: CheckpointStore, peer: CheckpointStore) -> None:
+    assert await store.acquire_lease("d1", "w1", LONG) is True
+    await peer.release_lease("d1", "w2")  # not ours: a no-op
+    lease = await store.get_lease("d1")
+    assert lease is not None
+    assert lease.owner == "w1"
+    await store.release_lease("d1", "w1")
+    assert await store.get_lease("d1") is None
+    assert await peer.acquire_lease("d1", "w2", LONG) is True
+    await store.release_lease("d1", "w1")  # released already, and now someone else's
+    lease = await store.get_lease("d1")
+    assert lease is not None
+    assert lease.owner == "w2"
+
+
+async def test_leases_are_per_debate(store: CheckpointStore) -> None:
+    assert await store.acquire_lease("d1", "w1", LONG) is True
+    assert await store.acquire_lease("d2", "w2", LONG) is True
+    assert await store.get_lease("d3") is None
+
+
+async def test_concurrent_acquires_have_one_winner(store: CheckpointStore,
+                                                   peer: CheckpointStore) -> None:
+    won = await asyncio.gather(
+        *(s.acquire_lease("d1", f"w{i}", LONG) for i, s in enumerate([store, peer] * 5))
+    )
+    assert won.count(True) == 1
+
+
+@pytest.mark.parametrize("ttl", [0, -1.0, float("nan")])
+async def test_nonsense_ttls_are_refused(store: CheckpointStore, ttl: float) -> None:
+    with pytest.raises(ConfigError, match="ttl"):
+        await store.acquire_lease("d1", "w1", ttl)
+    with pytest.raises(ConfigError, match="ttl"):
+        await store.renew_lease("d1", "w1", ttl)
