@@ -37,14 +37,14 @@ class _Event(msgspec.Struct, tag_field="type", rename="camel", kw_only=True, gc=
     request_id: str | None = None
 
 
-class _CallEvent(_Event):
+class _CallEvent(_Event, kw_only=True):
     """An event that reports one model call: which model, and how long it took."""
 
     model: str = ""
     duration_ms: float = 0.0
 
 
-class DebateStarted(_Event, tag="debate_started"):
+class DebateStarted(_Event, tag="debate_started", kw_only=True):
     topic: str
     debate_name: str
     protocol: str
@@ -53,25 +53,25 @@ class DebateStarted(_Event, tag="debate_started"):
     resumed_from_round: int = 0
 
 
-class FramingCompleted(_CallEvent, tag="framing_completed"):
+class FramingCompleted(_CallEvent, tag="framing_completed", kw_only=True):
     speaker: str
     text: str
     usage: TokenUsage = ZERO_USAGE
 
 
-class RoundStarted(_Event, tag="round_started"):
+class RoundStarted(_Event, tag="round_started", kw_only=True):
     round: int
     phase: str
 
 
-class TurnCompleted(_CallEvent, tag="turn_completed"):
+class TurnCompleted(_CallEvent, tag="turn_completed", kw_only=True):
     speaker: str
     round: int
     text: str
     usage: TokenUsage = ZERO_USAGE
 
 
-class TurnFailed(_CallEvent, tag="turn_failed"):
+class TurnFailed(_CallEvent, tag="turn_failed", kw_only=True):
     speaker: str
     round: int
     text: str
@@ -79,31 +79,31 @@ class TurnFailed(_CallEvent, tag="turn_failed"):
     usage: TokenUsage = ZERO_USAGE
 
 
-class VerdictReached(_CallEvent, tag="verdict"):
+class VerdictReached(_CallEvent, tag="verdict", kw_only=True):
     round: int
     speaker: str = "judge"
     verdict: dict[str, Any]
     usage: TokenUsage = ZERO_USAGE
 
 
-class RoundCompleted(_Event, tag="round_completed"):
+class RoundCompleted(_Event, tag="round_completed", kw_only=True):
     round: int
     phase: str
     usage: TokenUsage = ZERO_USAGE
 
 
-class PhiUpdate(_Event, tag="phi_update"):
+class PhiUpdate(_Event, tag="phi_update", kw_only=True):
     phi_hat: float
     level: str
 
 
-class SynthesisCompleted(_CallEvent, tag="synthesis_completed"):
+class SynthesisCompleted(_CallEvent, tag="synthesis_completed", kw_only=True):
     speaker: str
     text: str
     usage: TokenUsage = ZERO_USAGE
 
 
-class DebateCompleted(_Event, tag="debate_completed"):
+class DebateCompleted(_Event, tag="debate_completed", kw_only=True):
     rounds: int
     satisfied: bool
     output: str
@@ -111,7 +111,7 @@ class DebateCompleted(_Event, tag="debate_completed"):
     duration_ms: float = 0.0
 
 
-class DebateFailed(_Event, tag="debate_failed"):
+class DebateFailed(_Event, tag="debate_failed", kw_only=True):
     rounds: int
     error: str
     token_usage: TokenUsage = ZERO_USAGE

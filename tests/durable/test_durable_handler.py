@@ -1,0 +1,169 @@
+"""Durable debates through the handler: resume, replay, rerun, leases, drift, budgets, growth."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from debatebus import Budget, Debate, FunctionLLM, Judge, LeaseLostError, LLMRequest, Participant
+from debatebus.checkpoints import MemoryCheckpointStore
+from debatebus.checkpoints.base import CheckpointStore
+
+
+class Crash(BaseException):
+    """A worker dying mid-call: not an Exception, so no failure policy catches it."""
+
+
+class CountingLLM:
+    """Answers instantly, counts calls per (purpose, round, speaker), and can crash at call N."""
+
+    model = "counting"
+
+    def __init__(self, crash_at: int | None = None, crash_on: str | None = None) -> None:
+        self.calls: list[tuple[str, int, str]] = []
+        self.crash_at = crash_at
+        self.crash_on = crash_on
+        self.fn = FunctionLLM(self._answer, model="counting")
+
+    def _answer(self, request: LLMRequest) -> Any:
+        if self.crash_at is not None and len(self.calls) + 1 == self.crash_at:
+            raise Crash(f"crash at call {self.crash_at}")
+        if self.crash_on is not None and request.purpose == self.crash_on:
+            raise Crash(f"crash on {self.crash_on}")
+        self.calls.append((request.purpose, request.round, request.speaker))
+        if request.purpose == "judge":
+            return {"consensus": False, "summary": f"round {request.round}"}
+        return f"{request.speaker} says something in round {request.round}"
+
+    async def complete(self, request: LLMRequest) -> Any:
+        return await self.fn.complete(request)
+
+
+def debate(llm: Any, *, rounds: int = 3, system: str = "For.", **options: Any) -> Debate:
+    return Debate("durable", [Participant("a", system), Participant("b", "Against.")], llm=llm,
+                  moderator=Participant("mod", "Moderate."), judge=Judge(), max_rounds=rounds,
+                  **options)
+
+
+# one framing + per round (2 turns + 1 judge) + one synthesis
+def needed_calls(rounds: int) -> int:
+    return 1 + 3 * rounds + 1
+
+
+async def test_resume_continues_after_last_committed_round_without_repeating_calls() -> None:
+    store = MemoryCheckpointStore()
+    first = CountingLLM(crash_at=6)  # framing, r1: a b judge, r2: a, then crash on r2's b
+    with pytest.raises(Crash):
+        await debate(first).as_handler(store=store)({"input": "t"}, request_id="d1")
+    second = CountingLLM()
+    result = await debate(second).as_handler(store=store)({"input": "t"}, request_id="d1")
+    assert result["debateStatus"] == "completed"
+    assert [r["number"] for r in result["debateTranscript"]] == [1, 2, 3]
+    # round 1 and the framing were committed: never asked again; round 2 re-runs from its top
+    assert ("framing", 0, "mod") not in second.calls
+    assert all(rnd != 1 for _, rnd, _ in second.calls)
+    assert len(first.calls) + len(second.calls) == needed_calls(3) + 1  # + the lost call of r2
+
+
+async def test_finished_debate_is_replayed_with_zero_llm_calls() -> None:
+    store = MemoryCheckpointStore()
+    llm = CountingLLM()
+    handler = debate(llm).as_handler(store=store)
+    original = await handler({"input": "t"}, request_id="d2")
+    calls = len(llm.calls)
+    again = await handler({"input": "t"}, request_id="d2")
+    assert len(llm.calls) == calls
+    assert again["debateReplayed"] is True
+    assert original["debateReplayed"] is False
+    assert again["debateOutput"] == original["debateOutput"]
+    assert again["debateTokenUsage"] == original["debateTokenUsage"]
+
+
+async def test_rerun_runs_afresh_under_a_new_debate_id() -> None:
+    store = MemoryCheckpointStore()
+    llm = CountingLLM()
+    handler = debate(llm).as_handler(store=store)
+    original = await handler({"input": "t"}, request_id="d3")
+    rerun = await handler({"input": "t", "replay": "rerun"}, request_id="d3")
+    assert rerun["debateReplayed"] is False
+    assert rerun["debateId"] != original["debateId"]
+    assert rerun["debateId"].startswith("d3~rerun-")
+    assert len(llm.calls) == 2 * needed_calls(3)
+
+
+async def test_live_lease_blocks_a_second_run_and_expired_one_allows_resume() -> None:
+    store = MemoryCheckpointStore()
+    assert await store.acquire_lease("d4", "other-worker", 0.6)
+    llm = CountingLLM()
+    task = asyncio.create_task(debate(llm).as_handler(store=store, lease_ttl_s=5)(
+        {"input": "t"}, request_id="d4"))
+    await asyncio.sleep(0.3)
+    assert not task.done() and llm.calls == [], "a live lease must block the second run"
+    result = await asyncio.wait_for(task, 10)  # the other worker's lease expires: we take over
+    assert result["debateStatus"] == "completed"
+    assert len(llm.calls) == needed_calls(3)
+
+
+async def test_losing_the_lease_stops_the_run_without_a_result() -> None:
+    store = MemoryCheckpointStore()
+
+    async def slow(request: LLMRequest) -> Any:
+        await asyncio.sleep(0.05)
+        return {"consensus": False, "summary": "s"} if request.purpose == "judge" else "x"
+
+    handler = debate(FunctionLLM(slow), rounds=20).as_handler(store=store, lease_ttl_s=0.3)
+    task = asyncio.create_task(handler({"input": "t"}, request_id="d5"))
+    await asyncio.sleep(0.2)
+    await store.release_lease("d5", handler.durable.owner)  # another worker takes it over
+    assert await store.acquire_lease("d5", "thief", 30)
+    with pytest.raises(LeaseLostError):
+        await asyncio.wait_for(task, 10)
+    assert await store.get_result("d5") is None
+
+
+async def test_drift_strict_refuses_and_loose_resumes_by_round_number() -> None:
+    store = MemoryCheckpointStore()
+    with pytest.raises(Crash):
+        await debate(CountingLLM(crash_at=6)).as_handler(store=store)({"input": "t"}, request_id="d6")
+    changed = debate(CountingLLM(), system="For, but louder.")
+    strict = await changed.as_handler(store=store)({"input": "t"}, request_id="d6")
+    assert strict["debateStatus"] == "failed"
+    assert "'durable' changed since debate 'd6' was checkpointed" in strict["debateError"]
+    assert "drift='loose'" in strict["debateError"]
+    llm = CountingLLM()
+    loose = await debate(llm, system="For, but louder.", drift="loose").as_handler(store=store)(
+        {"input": "t"}, request_id="d6")
+    assert loose["debateStatus"] == "completed"
+    assert all(rnd >= 2 for _, rnd, _ in llm.calls if _ != "synthesis")
+
+
+async def test_budget_counts_calls_across_resumes() -> None:
+    store = MemoryCheckpointStore()
+    with pytest.raises(Crash):  # framing + round 1 committed (4 calls); round 2 lost mid-way
+        await debate(CountingLLM(crash_at=6), budget=Budget(max_calls=7)).as_handler(store=store)(
+            {"input": "t"}, request_id="d7")
+    llm = CountingLLM()
+    result = await debate(llm, budget=Budget(max_calls=7)).as_handler(store=store)(
+        {"input": "t"}, request_id="d7")
+    assert result["debateStatus"] == "failed"
+    assert "budget max_calls=7" in result["debateError"]
+    assert len(llm.calls) == 3  # committed 4 calls + 3 more = 7
+    assert [r["number"] for r in result["debateTranscript"]] == [1, 2]  # round 3 hit the budget
+
+
+async def _checkpoint_size(store: CheckpointStore, rounds: int) -> int:
+    llm = CountingLLM(crash_on="synthesis")
+    with pytest.raises(Crash):
+        await debate(llm, rounds=rounds).as_handler(store=store)({"input": "t"},
+                                                                request_id=f"size-{rounds}")
+    return await store.size_bytes(f"size-{rounds}")
+
+
+async def test_checkpoint_bytes_grow_linearly_with_rounds() -> None:
+    store = MemoryCheckpointStore()
+    sizes = {n: await _checkpoint_size(store, n) for n in (2, 4, 8, 16)}
+    per_round = [(sizes[b] - sizes[a]) / (b - a) for a, b in ((2, 4), (4, 8), (8, 16))]
+    assert min(per_round) > 0
+    assert max(per_round) / min(per_round) < 1.2, (sizes, per_round)
