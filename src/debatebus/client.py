@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from debatebus.exceptions import TransportError
+from debatebus.observability.tracing import inject_traceparent
 from debatebus.schemas.envelope import (
     ENVELOPE_DECODER,
     ENVELOPE_ENCODER,
@@ -45,7 +46,7 @@ class BusClient:
         rid = request_id or uuid.uuid4().hex
         body = ENVELOPE_ENCODER.encode(Envelope(
             request_id=rid, payload=dict(payload), type=event_type, correlation_id=correlation_id,
-            timestamp=now_iso(), headers=dict(headers or {})))
+            timestamp=now_iso(), headers=inject_traceparent(headers)))
         await self.transport.publish(Outgoing(event_type, body, key=rid))
         return rid
 

@@ -24,6 +24,7 @@ import msgspec
 
 from debatebus.engine.run import OnEvent
 from debatebus.exceptions import ConfigError, InputError, LeaseLostError, TransportError
+from debatebus.observability.heartbeat import beat_forever
 from debatebus.observe import Observer, Outcome, RequestContext, fan_out
 from debatebus.schemas.envelope import (
     ENVELOPE_DECODER,
@@ -104,6 +105,7 @@ class DebateBus:
         touch_interval_s: float = 10.0,
         transport_options: Mapping[str, Any] | None = None,
         observers: Sequence[Observer] = (),
+        heartbeat_interval_s: float | None = 5.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
@@ -122,6 +124,7 @@ class DebateBus:
         self.events_topic = events_topic
         self.drain_timeout = drain_timeout
         self.touch_interval_s = touch_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
         self.routes: dict[str, _Route] = {}
         self.observers = list(observers)
         self.observer = fan_out(self.observers)
@@ -139,6 +142,11 @@ class DebateBus:
         if not callable(handler):
             raise ConfigError(f"handler for {event_type!r} must be an async callable, got {handler!r}")
         self.routes[event_type] = _Route(event_type, handler, _accepts_context(handler))
+
+    def add_observer(self, observer: Observer) -> None:
+        """Let ``observer`` watch this worker too (metrics, traces, logs); call before ``run``."""
+        self.observers.append(observer)
+        self.observer = fan_out(self.observers)
 
     # ---- lifecycle ----------------------------------------------------------------------------
 
@@ -177,6 +185,9 @@ class DebateBus:
             consumer = asyncio.create_task(self._consume())
             stopper = asyncio.create_task(self._stopping.wait())
             toucher = asyncio.create_task(self._touch_forever())
+            beater = asyncio.create_task(beat_forever(
+                self.transport, self.group, self.consumer, self.heartbeat_interval_s,
+                lambda: len(self._inflight))) if self.heartbeat_interval_s else None
             await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
             consumer.cancel()
             stopper.cancel()
@@ -186,6 +197,8 @@ class DebateBus:
                 raise consumer.exception()  # type: ignore[misc]
             await self._drain()
             toucher.cancel()
+            if beater is not None:
+                beater.cancel()
 
     @contextlib.contextmanager
     def _signals(self) -> Any:

@@ -55,8 +55,11 @@ class Collector:
         return Counter(e.request_id for e in self.results)
 
     async def wait_for(self, ids: list[str], timeout: float) -> None:
+        await self.wait_for_count(ids, 1, timeout)
+
+    async def wait_for_count(self, ids: list[str], count: int, timeout: float) -> None:
         async with asyncio.timeout(timeout):
-            while not set(ids) <= set(self.counts()):
+            while any(self.counts()[i] < count for i in ids):
                 await asyncio.sleep(0.1)
 
 

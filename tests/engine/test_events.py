@@ -130,6 +130,7 @@ async def test_cross_pollination_turn_events_of_a_phase_may_interleave(events):
         "debate_started",
         "framing_completed",
         "round_started",  # round 0: the audience
+        "turn_completed",
         "round_completed",
         "round_started",
         *["turn_completed"] * 3,
@@ -148,6 +149,7 @@ async def test_cross_pollination_turn_events_of_a_phase_may_interleave(events):
     # Turn events arrive as calls finish; the result keeps participants in list order.
     finished = [(e.round, e.speaker) for e in events.of(ev.TurnCompleted)]
     assert finished == [
+        (0, "moderator"),  # the audience model
         (1, "carol"),
         (1, "bob"),
         (1, "alice"),

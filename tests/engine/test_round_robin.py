@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel
 
 from debatebus import Debate, DebateState, Judge, Participant, Prompts, Verdict
 from debatebus.engine.definition import DEFAULT_JUDGE_PROMPT
@@ -342,3 +343,23 @@ async def test_single_participant_round_robin_gets_a_synthesis(make_stage):
     )
     result = await d.run(TOPIC, max_rounds=1)
     assert result.synthesis == "moderator synthesis 1"
+
+
+class Score(BaseModel):
+    agreement: int
+
+
+async def test_custom_judge_schema_feeds_until(make_stage):
+    replies = {("judge", "judge", n): f'{{"agreement": {n * 30}}}' for n in range(1, 6)}
+    stage = make_stage(replies=replies)
+    d = debate(
+        stage,
+        judge=Judge(schema=Score),
+        until=lambda s: s.verdict.agreement >= 60,
+        max_rounds=5,
+    )
+    result = await d.run(TOPIC)
+
+    assert [r.verdict for r in result.rounds] == [Score(agreement=30), Score(agreement=60)]
+    assert result.satisfied is True
+    assert [r.response_schema for r in stage.requests if r.purpose == "judge"] == [Score, Score]

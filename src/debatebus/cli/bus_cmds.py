@@ -21,6 +21,7 @@ def add_parser(sub: Any) -> None:
     worker = sub.add_parser("worker", help="serve a DebateBus app: debatebus worker myapp:app")
     worker.add_argument("app", help="module:attribute of a DebateBus (or a function returning one)")
     worker.add_argument("--concurrency", type=int, help="debates at once in this process")
+    _add_observability(worker)
     worker.set_defaults(func=_worker)
 
     publish = sub.add_parser("publish", help="publish a debate request")
@@ -46,6 +47,40 @@ def add_parser(sub: Any) -> None:
     demo.set_defaults(func=_demo)
 
 
+def _add_observability(worker: argparse.ArgumentParser) -> None:
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics")
+    worker.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="text lines, or one JSON object per line (default text)")
+    worker.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="default INFO")
+    worker.add_argument("--log-transcripts", action="store_true",
+                        help="also log topics, turns and outputs (left out by default)")
+    worker.add_argument("--otel", action="store_true",
+                        help="OpenTelemetry spans per debate, round and LLM call, sent to the "
+                             "global tracer provider (e.g. run under opentelemetry-instrument)")
+
+
+def _observe(app: DebateBus, args: argparse.Namespace) -> None:
+    from debatebus.observability.logs import LoggingObserver
+
+    app.add_observer(LoggingObserver(log_transcripts=args.log_transcripts))
+    if args.metrics_port:
+        try:
+            from debatebus.observability.metrics import PrometheusObserver, start_metrics_server
+        except ImportError as exc:
+            raise ConfigError(str(exc)) from exc
+        app.add_observer(PrometheusObserver())
+        start_metrics_server(args.metrics_port)
+    if args.otel:
+        from debatebus.observability.tracing import TracingObserver
+
+        tracing = TracingObserver()
+        if not tracing.enabled:
+            raise ConfigError("--otel needs OpenTelemetry: pip install 'debatebus[otel]'")
+        app.add_observer(tracing)
+
+
 def load_app(spec: str) -> DebateBus:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
@@ -62,7 +97,11 @@ def load_app(spec: str) -> DebateBus:
 
 
 async def _worker(args: argparse.Namespace) -> int:
+    from debatebus.observability.logs import configure_logging
+
+    configure_logging(args.log_format, args.log_level)
     app = load_app(args.app)
+    _observe(app, args)
     if args.concurrency:
         app.concurrency = args.concurrency
     async with app:

@@ -11,6 +11,7 @@ from debatebus.engine.phi import compute_phi_hat
 from debatebus.engine.rules import utility_text
 from debatebus.engine.run import DebateFailure, Run
 from debatebus.engine.transcript import Round, Turn
+from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE
 
 __all__ = ["run_cross_pollination"]
@@ -40,9 +41,17 @@ async def _audience(run: Run) -> str:
         who = run.spec.audience_speaker
         usage_before = await run.start_round(AUDIENCE, "audience")
         prompt = run.prompt("audience", who.name, AUDIENCE, audience=run.spec.audience)
-        response = await run.role_call(who, "audience", AUDIENCE, prompt)
-        turn = Turn(
-            speaker=who.name, round=AUDIENCE, text=response.text, usage=response.usage or ZERO_USAGE
+        response, elapsed = await run.role_call(who, "audience", AUDIENCE, prompt)
+        usage = response.usage or ZERO_USAGE
+        turn = Turn(speaker=who.name, round=AUDIENCE, text=response.text, usage=usage)
+        await run.emit(
+            ev.TurnCompleted,
+            speaker=who.name,
+            round=AUDIENCE,
+            text=turn.text,
+            usage=usage,
+            model=run.model_of(response, who),
+            duration_ms=elapsed,
         )
         rnd = Round(number=AUDIENCE, turns=[turn], phase="audience")
         await run.finish_round(rnd, usage_before, judged=False)

@@ -34,13 +34,27 @@ def _judge(spec: DebateSpec, judge: Judge | None) -> Any:
         return None
     schema = judge.schema
     fields = sorted((n, repr(f.annotation)) for n, f in schema.model_fields.items())
-    return [judge.name, judge.system_prompt, model_name(spec.llm_for(judge)), schema.__name__, fields]
+    return [
+        judge.name,
+        judge.system_prompt,
+        model_name(spec.llm_for(judge)),
+        schema.__name__,
+        fields,
+    ]
 
 
 def _prompts(spec: DebateSpec) -> dict[str, str]:
     out = {}
-    for name in ("opening", "rebuttal", "judge", "synthesis", "framing", "audience", "position",
-                 "revision"):
+    for name in (
+        "opening",
+        "rebuttal",
+        "judge",
+        "synthesis",
+        "framing",
+        "audience",
+        "position",
+        "revision",
+    ):
         template = spec.prompts.get(name)
         out[name] = template if isinstance(template, str) else _callable_name(template)
     return out

@@ -110,10 +110,12 @@ class Run:
                 f"before {request.purpose} by {request.speaker!r} in round {request.round}"
             )
 
-    async def call(self, llm: LLM, request: LLMRequest) -> LLMResponse:
+    async def call(self, llm: LLM, request: LLMRequest) -> tuple[LLMResponse, float]:
+        """The response and the call's duration in ms (measured only when someone listens)."""
         if self.spec.budget is not None:
             self._check_budget(self.spec.budget, request)
         self.progress.calls += 1
+        started = time.perf_counter() if self.on_event is not None else 0.0
         try:
             response = await llm.complete(request)
         except LLMError as exc:
@@ -122,7 +124,8 @@ class Run:
             raise
         if response.usage is not None:
             self.progress.usage += response.usage
-        return response
+        elapsed = (time.perf_counter() - started) * 1000.0 if started else 0.0
+        return response, elapsed
 
     def request(
         self,
@@ -139,17 +142,24 @@ class Run:
 
     async def speak(self, who: Participant, purpose: str, number: int, prompt: str) -> Turn:
         """A participant's turn under the failure policy: a failed call becomes a failed turn."""
+        llm = self.spec.llm_for(who)
+        started = time.perf_counter()
         try:
-            response = await self.call(
-                self.spec.llm_for(who), self.request(who, purpose, number, prompt)
-            )
+            response, elapsed = await self.call(llm, self.request(who, purpose, number, prompt))
         except BudgetExceededError as exc:
             raise DebateFailure(str(exc)) from exc
         except Exception as exc:
             usage = exc.usage if isinstance(exc, LLMError) and exc.usage else ZERO_USAGE
             error = _describe(exc)
             await self.emit(
-                ev.TurnFailed, speaker=who.name, round=number, text="", error=error, usage=usage
+                ev.TurnFailed,
+                speaker=who.name,
+                round=number,
+                text="",
+                error=error,
+                usage=usage,
+                model=model_name(llm),
+                duration_ms=(time.perf_counter() - started) * 1000.0,
             )
             if self.spec.failure_policy == "strict":
                 raise DebateFailure(
@@ -159,9 +169,16 @@ class Run:
                 speaker=who.name, round=number, text="", usage=usage, failed=True, error=error
             )
         usage = response.usage or ZERO_USAGE
-        await self.emit(
-            ev.TurnCompleted, speaker=who.name, round=number, text=response.text, usage=usage
-        )
+        if self.on_event is not None:
+            await self.emit(
+                ev.TurnCompleted,
+                speaker=who.name,
+                round=number,
+                text=response.text,
+                usage=usage,
+                model=response.model or model_name(llm),
+                duration_ms=elapsed,
+            )
         return Turn(speaker=who.name, round=number, text=response.text, usage=usage)
 
     async def role_call(
@@ -171,7 +188,7 @@ class Run:
         number: int,
         prompt: str,
         schema: type[BaseModel] | None = None,
-    ) -> LLMResponse:
+    ) -> tuple[LLMResponse, float]:
         """A moderator, judge or synthesizer call: any failure fails the debate."""
         try:
             return await self.call(
@@ -244,20 +261,27 @@ class Run:
         if moderator is None or self.progress.framing is not None:
             return
         prompt = self.prompt("framing", moderator.name, 0)
-        response = await self.role_call(moderator, "framing", 0, prompt)
+        response, elapsed = await self.role_call(moderator, "framing", 0, prompt)
         usage = response.usage or ZERO_USAGE
         turn = Turn(speaker=moderator.name, round=0, text=response.text, usage=usage)
         self.progress.framing = turn
         self.fields["framing"] = _framing_field(turn)
         if self.on_commit is not None:
             await self.on_commit(self.progress, turn)
-        await self.emit(ev.FramingCompleted, speaker=moderator.name, text=turn.text, usage=usage)
+        await self.emit(
+            ev.FramingCompleted,
+            speaker=moderator.name,
+            text=turn.text,
+            usage=usage,
+            model=self.model_of(response, moderator),
+            duration_ms=elapsed,
+        )
 
     async def judge(self, rnd: Round, transcript: str) -> BaseModel:
         judge = self.spec.judge
         assert judge is not None
         prompt = self.prompt("judge", judge.name, rnd.number, transcript)
-        response = await self.role_call(judge, "judge", rnd.number, prompt, judge.schema)
+        response, elapsed = await self.role_call(judge, "judge", rnd.number, prompt, judge.schema)
         verdict = response.structured
         if verdict is None:
             try:
@@ -274,14 +298,27 @@ class Run:
                 round=rnd.number,
                 verdict=verdict.model_dump(mode="json"),
                 usage=response.usage or ZERO_USAGE,
+                speaker=judge.name,
+                model=self.model_of(response, judge),
+                duration_ms=elapsed,
             )
         return verdict
 
     async def synthesize(self, who: Participant, number: int, prompt: str) -> None:
-        response = await self.role_call(who, "synthesis", number, prompt)
+        response, elapsed = await self.role_call(who, "synthesis", number, prompt)
         usage = response.usage or ZERO_USAGE
         self.synthesis = Turn(speaker=who.name, round=number, text=response.text, usage=usage)
-        await self.emit(ev.SynthesisCompleted, speaker=who.name, text=response.text, usage=usage)
+        await self.emit(
+            ev.SynthesisCompleted,
+            speaker=who.name,
+            text=response.text,
+            usage=usage,
+            model=self.model_of(response, who),
+            duration_ms=elapsed,
+        )
+
+    def model_of(self, response: LLMResponse, who: Participant | Judge) -> str:
+        return response.model or model_name(self.spec.llm_for(who))
 
     # ---- rounds -------------------------------------------------------------------------------
 

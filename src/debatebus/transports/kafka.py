@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from collections import deque
@@ -121,6 +122,7 @@ def _kafka_errors(action: str, servers: str) -> Iterator[None]:
         raise _translate(exc, action, servers) from exc
 
 
+@functools.lru_cache(maxsize=1024)
 def kafka_topic(event_type: str) -> str:
     """The Kafka topic carrying ``event_type``: ``debate:request`` → ``debate.request``."""
     name = event_type.replace(":", ".")
@@ -231,6 +233,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ha
         await self.member.on_revoked(set(revoked))
 
     def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self.member.paused = False
         logger.debug("group %s: assigned %s", self.member.group, sorted(assigned))
 
 
@@ -251,6 +254,7 @@ class _Member:
         self.settled = asyncio.Event()
         self.error: TransportError | None = None
         self.stopped = False
+        self.paused = False  # a new assignment starts unpaused: the listener resets this
         self._fetcher: asyncio.Task[None] | None = None
         self._stopping: asyncio.Future[None] | None = None
         self._commit_lock = asyncio.Lock()
@@ -271,21 +275,30 @@ class _Member:
         return self.buffer.popleft()
 
     async def _fetch_loop(self) -> None:
-        try:
-            while not self.stopped:
-                self._apply_backpressure()
-                batch = await self.consumer.getmany(
-                    timeout_ms=_POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
-                for tp, records in batch.items():
-                    for record in records:
-                        self._take(tp, record)
-                if batch:
-                    self.ready.set()
-        except _KAFKA_ERRORS as exc:
-            if not self.stopped:
+        while not self.stopped:
+            try:
+                await self._poll_once()
+            except _KAFKA_ERRORS as exc:
+                if self.stopped:
+                    break
+                if isinstance(exc, KafkaError) and exc.retriable:
+                    logger.warning("group %s: %r while polling; retrying", self.group, exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 self.error = _translate(exc, f"polling for group {self.group!r}",
                                         self.settings.servers)
                 logger.error("%s", self.error)
+                break
+        self.ready.set()  # wakes next(), which reports the error or the end
+
+    async def _poll_once(self) -> None:
+        self._apply_backpressure()
+        batch = await self.consumer.getmany(
+            timeout_ms=_POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
+        for tp, records in batch.items():
+            for record in records:
+                self._take(tp, record)
+        if batch:
             self.ready.set()
 
     def _take(self, tp: TopicPartition, record: Any) -> None:
@@ -303,11 +316,12 @@ class _Member:
         if self.stopped:
             return
         if self.unsettled >= self.prefetch:
-            busy = self.consumer.assignment() - self.consumer.paused()
-            if busy:
-                self.consumer.pause(*busy)
-        elif paused := self.consumer.paused():
-            self.consumer.resume(*paused)
+            if not self.paused:
+                self.consumer.pause(*self.consumer.assignment())
+                self.paused = True
+        elif self.paused:
+            self.consumer.resume(*self.consumer.paused())
+            self.paused = False
 
     def settle(self, token: _Token) -> bool:
         """Mark a record settled; False when it is not ours to commit any more (revoked, closed,
@@ -451,6 +465,7 @@ class KafkaTransport(Transport):
         heartbeat_interval_ms: int = 3_000,
         max_poll_interval_ms: int = 300_000,
         revoke_grace_ms: int = 3_000,
+        fetch_max_wait_ms: int = 100,
         max_request_size: int = 1_048_576,
         client_id: str = "debatebus",
     ) -> None:
@@ -468,6 +483,10 @@ class KafkaTransport(Transport):
         self.revoke_grace = revoke_grace_ms / 1000
         self.max_request_size = max_request_size
         self.client_id = client_id
+        # Tansu answers a parked fetch only when fetch_max_wait_ms runs out, not when data
+        # arrives (Kafka answers at once), so this bounds delivery latency there. 100 ms costs an
+        # idle consumer ten cheap fetches a second on Kafka; lower it for latency on Tansu.
+        self._fetch_options: dict[str, Any] = {"fetch_max_wait_ms": fetch_max_wait_ms}
         self._group_options: dict[str, Any] = {
             "session_timeout_ms": session_timeout_ms,
             "heartbeat_interval_ms": heartbeat_interval_ms,
@@ -490,6 +509,8 @@ class KafkaTransport(Transport):
         await self._ready()
 
     async def _ready(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
+        if self._producer is not None and self._admin is not None:
+            return self._producer, self._admin
         async with self._connect_lock:
             if self._producer is None or self._admin is None:
                 producer = AIOKafkaProducer(
@@ -642,7 +663,7 @@ class KafkaTransport(Transport):
         kafka_consumer = AIOKafkaConsumer(
             bootstrap_servers=self.servers, client_id=f"{self.client_id}-{consumer}",
             group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-            max_poll_records=prefetch, **self._group_options)
+            max_poll_records=prefetch, **self._group_options, **self._fetch_options)
         await self._start(kafka_consumer.start, kafka_consumer.stop, f"joining group {group!r}")
         member = _Member(kafka_consumer, names, group, prefetch, self)
         member.start()
@@ -659,7 +680,7 @@ class KafkaTransport(Transport):
     async def _reader(self) -> AIOKafkaConsumer:
         """A group-less consumer: reads wherever it is told to, commits nothing."""
         reader = AIOKafkaConsumer(bootstrap_servers=self.servers, client_id=self.client_id,
-                                  group_id=None, enable_auto_commit=False)
+                                  group_id=None, enable_auto_commit=False, **self._fetch_options)
         await self._start(reader.start, reader.stop, "starting a reader")
         self._readers.add(reader)
         return reader

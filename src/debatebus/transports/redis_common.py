@@ -20,7 +20,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 
 from debatebus.exceptions import ConfigError, TransportError
 
-__all__ = ["NO_HEADERS", "CommandBatcher", "build_client", "describe", "map_redis_errors"]
+__all__ = ["NO_HEADERS", "CommandBatcher", "ReadTracker", "build_client", "describe", "map_redis_errors"]
 
 log = logging.getLogger("debatebus.transports.redis")
 
@@ -97,6 +97,31 @@ def map_redis_errors(where: str) -> Iterator[None]:
         yield
     except (redis_errors.RedisError, OSError) as e:
         raise transport_error(e, where) from e
+
+
+class ReadTracker:
+    """Counts blocking reads in flight, so ``close()`` lets them return before it closes the pool:
+    a pool closed under a read makes redis-py's retry reconnect a socket that nobody closes."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        self._count += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._count -= 1
+            if not self._count:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), timeout)
 
 
 @dataclass(slots=True)

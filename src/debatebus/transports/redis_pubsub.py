@@ -33,6 +33,7 @@ from debatebus.transports.base import Delivery, Outgoing, Transport
 from debatebus.transports.redis_common import (
     NO_HEADERS,
     CommandBatcher,
+    ReadTracker,
     build_client,
     check_client,
     describe,
@@ -72,6 +73,8 @@ class RedisPubSubTransport(Transport):
         self._where = describe(url, client)
         self._batcher: CommandBatcher | None = None
         self._dead: RedisStreamsTransport | None = None
+        self._reads = ReadTracker()
+        self._listeners: set[PubSub] = set()
         self._closed = False
 
     async def connect(self) -> None:
@@ -89,6 +92,10 @@ class RedisPubSubTransport(Transport):
 
     async def close(self) -> None:
         self._closed = True
+        await self._reads.wait_idle(self._poll_s + 1.0)
+        for pubsub in list(self._listeners):  # listeners whose iterator is not being pulled
+            await _quietly_close(pubsub)
+        self._listeners.clear()
         if self._batcher is not None:
             batcher, self._batcher = self._batcher, None
             await batcher.stop()
@@ -161,6 +168,7 @@ class RedisPubSubTransport(Transport):
         after this returns reaches it."""
         client, _, _ = self._parts()
         pubsub: PubSub = client.pubsub()
+        self._listeners.add(pubsub)
         try:
             with map_redis_errors(self._where):
                 await pubsub.subscribe(*channels)
@@ -169,6 +177,7 @@ class RedisPubSubTransport(Transport):
                         raise TransportError(f"Redis at {self._where} did not confirm SUBSCRIBE "
                                              f"within {self._connect_timeout}s: check its load")
         except BaseException:
+            self._listeners.discard(pubsub)
             await _quietly_close(pubsub)
             raise
         return pubsub
@@ -181,7 +190,7 @@ class RedisPubSubTransport(Transport):
                 if requeued:
                     yield requeued.popleft()
                     continue
-                with map_redis_errors(self._where):
+                with self._reads.reading(), map_redis_errors(self._where):
                     message: Any = await pubsub.get_message(ignore_subscribe_messages=True,
                                                             timeout=self._poll_s)
                 if message is not None and message["type"] == "message":
@@ -191,6 +200,7 @@ class RedisPubSubTransport(Transport):
             if not self._closed:  # close() pulls the connection from under a blocked read
                 raise
         finally:
+            self._listeners.discard(pubsub)
             await _quietly_close(pubsub)
 
 

@@ -41,6 +41,7 @@ from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.redis_common import (
     NO_HEADERS,
     CommandBatcher,
+    ReadTracker,
     build_client,
     check_client,
     describe,
@@ -167,6 +168,7 @@ class RedisStreamsTransport(Transport):
         self._batcher: CommandBatcher | None = None
         self._keepalive: asyncio.Task[None] | None = None
         self._leases: dict[tuple[str, str, str], _Lease] = {}
+        self._reads = ReadTracker()
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -185,6 +187,7 @@ class RedisStreamsTransport(Transport):
 
     async def close(self) -> None:
         self._closed = True
+        await self._reads.wait_idle(self._block_ms / 1000 + 1.0)
         if self._keepalive is not None:
             self._keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -306,7 +309,7 @@ class RedisStreamsTransport(Transport):
         streams = {lease.topic: ">" for lease in leases}
         lease = leases[0]
         try:
-            with map_redis_errors(self._where):
+            with self._reads.reading(), map_redis_errors(self._where):
                 reply = await self._redis().xreadgroup(lease.group, lease.consumer, streams,  # type: ignore[arg-type]
                                                        count=prefetch, block=self._block_ms)
         except TransportError as e:
@@ -419,7 +422,7 @@ class RedisStreamsTransport(Transport):
         names = {topic.encode(): topic for topic in topics}
         try:
             while not self._closed:
-                with map_redis_errors(self._where):
+                with self._reads.reading(), map_redis_errors(self._where):
                     reply = await self._redis().xread(last, block=self._block_ms)  # type: ignore[arg-type]
                 for name, entries in _stream_entries(reply):
                     topic = names[name]

@@ -1,0 +1,72 @@
+"""``debatebus check``: exit 0 when a worker of the group sent a fresh heartbeat, 1 otherwise, with
+one line saying why (for container healthchecks, like arq's ``--check``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+from debatebus.cli.common import add_broker, broker_url
+from debatebus.exceptions import DebatebusError
+from debatebus.observability.heartbeat import latest_heartbeat
+from debatebus.observability.logs import redact
+from debatebus.worker import DEFAULT_GROUP
+
+__all__ = ["add_parser", "check", "judge"]
+
+#: The worker's default interval, for heartbeats that do not say theirs.
+_DEFAULT_INTERVAL_S = 5.0
+
+
+def add_parser(sub: Any) -> None:
+    check_parser = sub.add_parser(
+        "check", help="exit 0 if a worker of the group sent a fresh heartbeat, 1 otherwise")
+    add_broker(check_parser)
+    check_parser.add_argument("--group", default=DEFAULT_GROUP,
+                              help=f"the workers' consumer group (default {DEFAULT_GROUP})")
+    check_parser.add_argument("--max-age", type=float, metavar="S",
+                              help="oldest acceptable heartbeat in seconds "
+                                   "(default 3× the worker's heartbeat interval)")
+    check_parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                              help="give up on the broker after this many seconds (default 5)")
+    check_parser.set_defaults(func=_check)
+
+
+async def _check(args: argparse.Namespace) -> int:
+    code, line = await check(broker_url(args.broker), args.group, args.max_age,
+                             timeout=args.timeout)
+    print(line, flush=True)
+    return code
+
+
+async def check(url: str, group: str, max_age: float | None = None, *,
+                timeout: float = 5.0) -> tuple[int, str]:
+    """(exit code, the line saying why) for the newest heartbeat of ``group`` at ``url``."""
+    where = redact(url)  # never print a password from the URL
+    try:
+        async with asyncio.timeout(timeout):
+            beat = await latest_heartbeat(url, group)
+    except TimeoutError:
+        return 1, f"unhealthy: the broker at {where} did not answer within {timeout:g} s"
+    except DebatebusError as exc:
+        return 1, f"unhealthy: {exc}"
+    return judge(beat, group, where, max_age, now=time.time())
+
+
+def judge(beat: dict[str, Any] | None, group: str, where: str, max_age: float | None,
+          *, now: float) -> tuple[int, str]:
+    """The verdict on one heartbeat (None: there is none) at time ``now``."""
+    if beat is None:
+        return 1, (f"unhealthy: no heartbeat from group {group!r} on {where}: is a worker of "
+                   "that group running there?")
+    interval = float(beat.get("intervalS") or _DEFAULT_INTERVAL_S)
+    limit = max_age if max_age is not None else 3 * interval
+    age = max(0.0, now - float(beat["timestamp"]))  # a clock ahead of ours is not staleness
+    who = f"{beat.get('consumer')} (pid {beat.get('pid')} on {beat.get('host')})"
+    if age > limit:
+        return 1, (f"unhealthy: the newest heartbeat of group {group!r} is {age:.1f} s old "
+                   f"(limit {limit:g} s), from {who}")
+    return 0, (f"ok: {who} in group {group!r} beat {age:.1f} s ago, "
+               f"{beat.get('inFlight', 0)} debates in flight")

@@ -1,0 +1,258 @@
+"""Worker heartbeats, read by ``debatebus check`` (container healthchecks).
+
+Every ``interval_s`` a worker announces itself with a small JSON object — app, group, consumer,
+host, pid, ``inFlight``, ``intervalS`` and ``timestamp`` (seconds since the epoch) — where
+``latest_heartbeat`` finds it:
+
+* Redis Streams: an entry of the stream ``debatebus:heartbeat`` in the usual wire format (field
+  ``envelope``, so ``debatebus tail debatebus:heartbeat`` shows them), trimmed to about
+  ``STREAM_MAXLEN`` entries;
+* Redis pub/sub keeps nothing, so instead the key ``debatebus:heartbeat:{group}`` (SET with an
+  expiry);
+* Kafka: a record of the topic ``debatebus.heartbeat``, keyed by group;
+* memory: nothing; no other process could read it.
+
+``latest_heartbeat`` on a Redis URL reads both the stream and the key, so ``check`` works whichever
+of the two Redis transports the workers use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import urlsplit
+
+from debatebus.exceptions import ConfigError, TransportError
+from debatebus.transports.base import Outgoing, Transport
+from debatebus.transports.memory import MemoryTransport
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = ["HEARTBEAT_TOPIC", "STREAM_MAXLEN", "beat_forever", "heartbeat_key", "latest_heartbeat"]
+
+log = logging.getLogger("debatebus.heartbeat")
+
+HEARTBEAT_TOPIC: Final = "debatebus:heartbeat"
+STREAM_MAXLEN: Final = 1000
+#: How far back to look for a group's newest beat among other groups' beats: pages of _PAGE.
+_PAGE: Final = 100
+_MAX_PAGES: Final = 10
+_REDIS_SCHEMES: Final = ("redis", "rediss", "redis+pubsub", "rediss+pubsub")
+
+Beat = dict[str, Any]
+Send = Callable[[bytes], Awaitable[object]]
+
+
+def heartbeat_key(group: str) -> str:
+    """The Redis key holding a group's newest heartbeat (Redis pub/sub workers)."""
+    return f"{HEARTBEAT_TOPIC}:{group}"
+
+
+def _beat(app: str, group: str, consumer: str, interval_s: float, inflight: int) -> bytes:
+    return json.dumps({
+        "app": app, "group": group, "consumer": consumer, "host": socket.gethostname(),
+        "pid": os.getpid(), "inFlight": inflight, "intervalS": interval_s,
+        "timestamp": time.time(),
+    }).encode()
+
+
+def _decode(raw: bytes | str | None) -> Beat | None:
+    """A heartbeat, or None for anything else (someone else's entry, a truncated write…)."""
+    if not raw:
+        return None
+    try:
+        beat = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(beat, dict) or not isinstance(beat.get("timestamp"), int | float):
+        return None
+    return beat
+
+
+def _newest(beats: list[Beat | None]) -> Beat | None:
+    found = [b for b in beats if b is not None]
+    return max(found, key=lambda b: float(b["timestamp"])) if found else None
+
+
+# ---- publishing -------------------------------------------------------------------------------
+
+
+async def beat_forever(transport: Transport, group: str, consumer: str, interval_s: float,
+                       inflight: Callable[[], int], *, app: str = "debatebus") -> None:
+    """Publish a heartbeat now and every ``interval_s`` until cancelled. A broker outage is
+    logged once and retried: a missing heartbeat is how ``check`` learns of it."""
+    if interval_s <= 0:
+        raise ConfigError(f"heartbeat interval must be > 0 s, got {interval_s}")
+    send = _sender(transport, group, interval_s)
+    if send is None:
+        return
+    failing = False
+    while True:
+        try:
+            await send(_beat(app, group, consumer, interval_s, inflight()))
+        except TransportError as exc:
+            if not failing:
+                log.warning("could not publish a heartbeat (retrying every %g s): %s", interval_s, exc)
+            failing = True
+        else:
+            if failing:
+                log.info("publishing heartbeats again")
+            failing = False
+        await asyncio.sleep(interval_s)
+
+
+def _sender(transport: Transport, group: str, interval_s: float) -> Send | None:
+    if isinstance(transport, MemoryTransport):
+        return None
+    kind = _redis_kind(transport)
+    if kind == "streams":
+        return lambda body: _xadd(_redis_client(transport), body)
+    if kind == "pubsub":
+        # Outlives the check's window by far, so a dead worker reads as "stale", not "absent".
+        ttl = max(60, int(interval_s * 10))
+        return lambda body: _set_key(_redis_client(transport), heartbeat_key(group), body, ttl)
+    return lambda body: transport.publish(Outgoing(HEARTBEAT_TOPIC, body, key=group))
+
+
+def _redis_kind(transport: Transport) -> str | None:
+    try:  # redis is an optional extra: without it no transport can be a Redis one
+        from debatebus.transports.redis_pubsub import RedisPubSubTransport
+        from debatebus.transports.redis_streams import RedisStreamsTransport
+    except ImportError:
+        return None
+    if isinstance(transport, RedisStreamsTransport):
+        return "streams"
+    return "pubsub" if isinstance(transport, RedisPubSubTransport) else None
+
+
+def _redis_client(transport: Transport) -> Redis:
+    # The Redis transports keep their client private; their publish() cannot trim a stream or SET
+    # a key, which heartbeats need so they neither grow without bound nor vanish on pub/sub.
+    client: Redis | None = getattr(transport, "client", None) or getattr(transport, "_client", None)
+    if client is None:
+        raise TransportError("the Redis transport is not connected: no heartbeat sent")
+    return client
+
+
+async def _xadd(client: Redis, body: bytes) -> None:
+    from debatebus.transports.redis_common import describe, map_redis_errors
+
+    with map_redis_errors(describe(None, client)):
+        await client.xadd(HEARTBEAT_TOPIC, {b"envelope": body}, maxlen=STREAM_MAXLEN,
+                          approximate=True)
+
+
+async def _set_key(client: Redis, key: str, body: bytes, ttl_s: int) -> None:
+    from debatebus.transports.redis_common import describe, map_redis_errors
+
+    with map_redis_errors(describe(None, client)):
+        await client.set(key, body, ex=ttl_s)
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+
+async def latest_heartbeat(url: str, group: str) -> Beat | None:
+    """The newest heartbeat of ``group`` on the broker at ``url``, or None when there is none."""
+    scheme = urlsplit(url).scheme
+    if scheme in _REDIS_SCHEMES:
+        return await _redis_latest(url.replace("+pubsub", "", 1), group)
+    if scheme == "kafka":
+        return await _kafka_latest(url.split("://", 1)[1].split("/", 1)[0], group)
+    if scheme == "memory":
+        raise ConfigError("memory:// lives inside one process: no other process can see its "
+                          "heartbeats; check a worker on Redis or Kafka")
+    raise ConfigError(f"unsupported broker URL {url!r}: use redis://, redis+pubsub:// or kafka://")
+
+
+async def _redis_latest(url: str, group: str) -> Beat | None:
+    from debatebus.transports.redis_common import build_client, describe, map_redis_errors
+
+    client = build_client(url, connect_timeout=5.0)
+    try:
+        with map_redis_errors(describe(url)):
+            from_key = _decode(await client.get(heartbeat_key(group)))
+            return _newest([from_key, await _scan_stream(client, group)])
+    finally:
+        await client.aclose()
+
+
+async def _scan_stream(client: Redis, group: str) -> Beat | None:
+    """Newest first, page by page: other groups' beats may sit on top of this group's."""
+    end = "+"
+    for _ in range(_MAX_PAGES):
+        entries: Any = await client.xrevrange(HEARTBEAT_TOPIC, end, "-", count=_PAGE)
+        for _id, fields in entries:
+            beat = _decode(fields.get(b"envelope"))
+            if beat is not None and beat.get("group") == group:
+                return beat
+        if len(entries) < _PAGE:
+            return None
+        last = entries[-1][0]
+        end = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+    return None
+
+
+async def _kafka_latest(servers: str, group: str) -> Beat | None:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.errors import KafkaError
+
+    from debatebus.transports.kafka import kafka_topic
+
+    reader = AIOKafkaConsumer(bootstrap_servers=servers, group_id=None,
+                              enable_auto_commit=False, client_id="debatebus-check")
+    try:
+        await reader.start()
+        return await _kafka_newest(reader, kafka_topic(HEARTBEAT_TOPIC), group)
+    except KafkaError as exc:
+        raise TransportError(f"Kafka at {servers}: reading heartbeats failed "
+                             f"({type(exc).__name__}: {exc}); is a broker listening there?") from exc
+    finally:
+        await reader.stop()
+
+
+async def _kafka_newest(reader: Any, topic: str, group: str) -> Beat | None:
+    from aiokafka import TopicPartition
+
+    if topic not in await reader.topics():
+        return None
+    tps = [TopicPartition(topic, p) for p in sorted(reader.partitions_for_topic(topic) or ())]
+    reader.assign(tps)
+    begins, ends = await reader.beginning_offsets(tps), await reader.end_offsets(tps)
+    return _newest([await _partition_newest(reader, tp, begins[tp], ends[tp], group)
+                    for tp in tps])
+
+
+async def _partition_newest(reader: Any, tp: Any, begin: int, end: int, group: str) -> Beat | None:
+    """Pages back from the end: a group's beats all land on one partition (keyed by group), and
+    its newest is near that partition's end unless other groups share it."""
+    high = end
+    for _ in range(_MAX_PAGES):
+        if high <= begin:
+            return None
+        low = max(begin, high - _PAGE)
+        values = await _read_offsets(reader, tp, low, high)
+        found = _newest([b for b in map(_decode, values) if b is not None and b.get("group") == group])
+        if found is not None:
+            return found
+        high = low
+    return None
+
+
+async def _read_offsets(reader: Any, tp: Any, low: int, high: int) -> list[bytes]:
+    reader.seek(tp, low)
+    values: list[bytes] = []
+    idle = 0
+    while await reader.position(tp) < high and idle < 20:  # a gap (compaction) ends it too
+        batch = await reader.getmany(tp, timeout_ms=250)
+        records = batch.get(tp, [])
+        idle = 0 if records else idle + 1
+        values += [r.value for r in records if r.offset < high]
+    return values

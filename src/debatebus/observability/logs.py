@@ -1,0 +1,261 @@
+"""Logs with the standard ``logging`` module: text or one JSON object per line, request and debate
+ids on every line logged while a request is handled, API keys redacted, transcripts left out.
+
+``configure_logging(format="json")`` installs one handler on the root logger;
+``app.add_observer(LoggingObserver())`` logs each debate's start and end and lets every line
+logged while handling a request (engine, LLM clients, transports) carry its ids.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import json
+import logging
+import re
+import sys
+from collections.abc import Mapping
+from typing import IO, Any, Final, Literal
+
+from debatebus.exceptions import ConfigError
+from debatebus.observability._events import call_round
+from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.schemas import events as ev
+
+__all__ = [
+    "ContextFilter",
+    "JsonFormatter",
+    "LoggingObserver",
+    "RedactingFilter",
+    "TextFormatter",
+    "configure_logging",
+    "redact",
+]
+
+REDACTED: Final = "[REDACTED]"
+_HANDLER_NAME: Final = "debatebus"
+_IDS: Final = ("requestId", "debateId", "eventType")
+_DEBATE_ID: Final = "log.debate_id"  # RequestContext.scratch key
+#: Free text (errors, topics) is cut to this many characters: enough to act on, not a transcript.
+_SNIPPET: Final = 300
+
+# Key shapes first, then "name = value" pairs, then URL passwords. Bare "sk-" needs 16 characters
+# so words like "sk-learn" survive.
+_SECRETS: Final = (
+    (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{8,}"), f"sk-ant-{REDACTED}"),
+    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), f"sk-{REDACTED}"),
+    (re.compile(r"\b(Bearer)\s+[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE), rf"\1 {REDACTED}"),
+    (re.compile(r"""\b(api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|secret|password)"""
+                r"""(["']?\s*[:=]\s*["']?)(?!\[REDACTED\])[^\s"',;}]+""", re.IGNORECASE),
+     rf"\1\2{REDACTED}"),
+    (re.compile(r"\b([a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]+@", re.IGNORECASE), rf"\1{REDACTED}@"),
+)
+
+#: The request being handled in this task (and the tasks it starts), for ``ContextFilter``.
+_CURRENT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "debatebus_request", default=None)
+
+#: Attributes every LogRecord has: anything else on a record came from ``extra=``.
+_STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", *_IDS}
+
+
+def redact(text: str) -> str:
+    """``text`` with anything that looks like an API key, bearer token or password replaced."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _snippet(text: str) -> str:
+    text = redact(text)
+    return text if len(text) <= _SNIPPET else text[:_SNIPPET] + "…"
+
+
+# ---- filters and formatters ----------------------------------------------------------------------
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts secrets in a record's message, traceback and string extras, for every handler
+    that formats it after this filter ran (records are shared between handlers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # bad %-args: leave the record to the handler's own error reporting
+            return True
+        record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        for name, value in vars(record).items():
+            if name not in _STANDARD and isinstance(value, str):
+                setattr(record, name, redact(value))
+        return True
+
+
+class ContextFilter(logging.Filter):
+    """Puts ``requestId``, ``debateId`` and ``eventType`` on every record: from ``extra=`` when
+    given, else from the request this task is handling (set by ``LoggingObserver``), else None."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = _CURRENT.get()
+        ids = _ids(ctx) if ctx is not None else dict.fromkeys(_IDS)
+        for name in _IDS:
+            if getattr(record, name, None) is None:
+                setattr(record, name, ids[name])
+        return True
+
+
+def _ids(ctx: RequestContext) -> dict[str, str | None]:
+    return {"requestId": ctx.request_id, "debateId": ctx.scratch.get(_DEBATE_ID),
+            "eventType": ctx.event_type}
+
+
+def _timestamp(created: float) -> str:
+    moment = dt.datetime.fromtimestamp(created, dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, requestId, debateId, eventType, then
+    the record's ``extra`` fields and ``exc`` (the traceback) when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": _timestamp(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            **{name: getattr(record, name, None) for name in _IDS},
+        }
+        entry.update((k, v) for k, v in vars(record).items()
+                     if k not in _STANDARD and not k.startswith("_"))
+        if record.exc_info or record.exc_text:
+            entry["exc"] = record.exc_text or self.formatException(record.exc_info)  # type: ignore[arg-type]
+        if record.stack_info:
+            entry["stack"] = record.stack_info
+        # Redacting the finished line too covers handlers set up without RedactingFilter.
+        return redact(json.dumps(entry, default=str, ensure_ascii=False))
+
+
+class TextFormatter(logging.Formatter):
+    """``2025-01-01 12:00:00,000 INFO debatebus.requests: message [requestId=… debateId=…]``."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        ids = " ".join(f"{name}={value}" for name in _IDS[:2]
+                       if (value := getattr(record, name, None)) is not None)
+        return redact(f"{line} [{ids}]" if ids else line)
+
+
+def configure_logging(format: Literal["text", "json"] | str = "text", level: int | str = "INFO",
+                      *, stream: IO[str] | None = None) -> logging.Handler:
+    """Log to ``stream`` (stderr) from the root logger, as text or JSON lines, with ids and
+    redaction. Calling it again replaces the handler it installed before; returns the handler."""
+    if format not in ("text", "json"):
+        raise ConfigError(f"log format must be 'text' or 'json', not {format!r}")
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _HANDLER_NAME]:
+        root.removeHandler(old)
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(JsonFormatter() if format == "json" else TextFormatter())
+    handler.addFilter(ContextFilter())
+    handler.addFilter(RedactingFilter())
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    return handler
+
+
+# ---- the observer --------------------------------------------------------------------------------
+
+_QUIET_OUTCOMES: Final = ("completed", "replayed")
+
+
+class LoggingObserver(Observer):
+    """Logs each request's debate start (INFO), calls and rounds (DEBUG), failed turns (WARNING)
+    and its end (INFO, or WARNING when it did not complete), with its ids on every line.
+
+    Debate text — topic, turns, verdicts, output — is logged only with ``log_transcripts=True``:
+    it can be long, and it is the users' data.
+    """
+
+    def __init__(self, logger: logging.Logger | None = None, *,
+                 log_transcripts: bool = False) -> None:
+        self.log = logger or logging.getLogger("debatebus.requests")
+        self.log_transcripts = log_transcripts
+
+    def request_started(self, ctx: RequestContext) -> None:
+        # No line yet: the request id is only known once the envelope is decoded. The context is
+        # what makes every later line of this task (and of the tasks it starts) carry the ids.
+        _CURRENT.set(ctx)
+
+    def debate_event(self, ctx: RequestContext, event: ev.DebateEvent) -> None:
+        ctx.scratch.setdefault(_DEBATE_ID, event.debate_id)
+        if isinstance(event, ev.DebateStarted):
+            self._started(ctx, event)
+        elif isinstance(event, ev.TurnFailed):
+            self._emit(ctx, logging.WARNING, "turn by %s failed in round %d: %s",
+                       event.speaker, event.round, _snippet(event.error))
+        elif isinstance(event, ev.RoundCompleted):
+            self._emit(ctx, logging.DEBUG, "round %d (%s) completed: %d tokens",
+                       event.round, event.phase, event.usage.total_tokens)
+        elif isinstance(event, ev.FramingCompleted | ev.TurnCompleted | ev.SynthesisCompleted
+                        | ev.VerdictReached) and self.log.isEnabledFor(logging.DEBUG):
+            self._call(ctx, event)
+
+    def _started(self, ctx: RequestContext, event: ev.DebateStarted) -> None:
+        resumed = (f", resumed after round {event.resumed_from_round}"
+                   if event.resumed_from_round else "")
+        topic = f": {event.topic}" if self.log_transcripts else ""
+        self._emit(ctx, logging.INFO, "debate %r started (delivery %d, %d participants, up to %d "
+                   "rounds%s)%s", event.debate_name, ctx.deliveries, len(event.participants),
+                   event.max_rounds, resumed, topic)
+
+    def _call(self, ctx: RequestContext, event: ev.FramingCompleted | ev.TurnCompleted
+              | ev.SynthesisCompleted | ev.VerdictReached) -> None:
+        number = call_round(event)
+        where = f" in round {number}" if number is not None else ""
+        text = ""
+        if self.log_transcripts:
+            said = json.dumps(event.verdict) if isinstance(event, ev.VerdictReached) else event.text
+            text = f": {said}"
+        self._emit(ctx, logging.DEBUG, "%s by %s%s (%s, %.0f ms, %d tokens)%s",
+                   event.__struct_config__.tag, event.speaker, where, event.model or "model?",
+                   event.duration_ms, event.usage.total_tokens, text)
+
+    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+                         result: Mapping[str, Any] | None, duration_s: float) -> None:
+        if result is not None and isinstance(result.get("debateId"), str):
+            ctx.scratch.setdefault(_DEBATE_ID, result["debateId"])
+        level = logging.INFO if outcome in _QUIET_OUTCOMES else logging.WARNING
+        self._emit(ctx, level, "request %s after %.2f s (delivery %d)%s", outcome, duration_s,
+                   ctx.deliveries, self._summary(ctx, outcome, result),
+                   outcome=outcome, durationS=round(duration_s, 3), deliveries=ctx.deliveries)
+        _CURRENT.set(None)
+
+    def _summary(self, ctx: RequestContext, outcome: Outcome,
+                 result: Mapping[str, Any] | None) -> str:
+        if outcome == "dead_lettered":
+            return f": moved to {ctx.event_type}:dlq"
+        if outcome == "unsettled":
+            return ": left for redelivery"
+        if result is None:
+            return ""
+        usage = result.get("debateTokenUsage") or {}
+        parts = f": {result.get('debateRounds', 0)} rounds, {usage.get('totalTokens', 0)} tokens"
+        if result.get("debateError"):
+            parts += f", error: {_snippet(str(result['debateError']))}"
+        if self.log_transcripts and result.get("debateOutput"):
+            parts += f", output: {result['debateOutput']}"
+        return parts
+
+    def _emit(self, ctx: RequestContext, level: int, message: str, *args: Any,
+              **fields: Any) -> None:
+        self.log.log(level, message, *args, extra={**_ids(ctx), **fields})

@@ -1,0 +1,143 @@
+"""Prometheus metrics of a worker: ``app.add_observer(PrometheusObserver())`` then
+``start_metrics_server(9108)`` (or ``debatebus worker … --metrics-port 9108``).
+
+Every metric is named ``{namespace}_…`` with base units (seconds) and ``_total`` on counters.
+Debate lifecycle metrics are labelled by ``event_type`` (the request topic, e.g.
+``debate:request``); LLM metrics by participant, model, purpose (framing, turn, judge, synthesis).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+try:
+    from prometheus_client import (
+        REGISTRY,
+        CollectorRegistry,
+        Counter,
+        Gauge,
+        Histogram,
+        start_http_server,
+    )
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        "Prometheus metrics need prometheus-client: pip install 'debatebus[metrics]'"
+    ) from exc
+
+from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
+from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.schemas import events as ev
+
+__all__ = ["PrometheusObserver", "start_metrics_server"]
+
+#: Debates take seconds (fakes, small models) to tens of minutes (long protocols on big models).
+DEBATE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
+CALL_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+_BY_TYPE = ("event_type",)
+
+
+class PrometheusObserver(Observer):
+    """Counts what a worker does into ``registry`` (the process-wide default when None).
+
+    One observer per registry: a second one on the same registry would register the same names.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 namespace: str = "debatebus") -> None:
+        self.registry = REGISTRY if registry is None else registry
+        self._namespace = namespace
+        self._lifecycle_metrics()
+        self._llm_metrics()
+
+    def _counter(self, name: str, doc: str, labels: tuple[str, ...] = _BY_TYPE) -> Counter:
+        return Counter(name, doc, labels, namespace=self._namespace, registry=self.registry)
+
+    def _lifecycle_metrics(self) -> None:
+        self.debates_started = self._counter(
+            "debates_started", "Debates the engine started, fresh or resumed.")
+        self.debates_completed = self._counter(
+            "debates_completed", "Debates that ran to a completed result.")
+        self.debates_failed = self._counter(
+            "debates_failed", "Debates that ran and ended failed (models down, budget, deadline).")
+        self.debates_replayed = self._counter(
+            "debates_replayed", "Requests answered with a stored result, without running again.")
+        self.debates_resumed = self._counter(
+            "debates_resumed", "Debates resumed from a checkpoint after an interrupted run.")
+        self.rounds = self._counter("rounds", "Debate rounds completed.")
+        self.redeliveries = self._counter(
+            "redeliveries", "Deliveries of a request that had been delivered before.")
+        self.dlq_entries = self._counter(
+            "dlq_entries", "Messages moved to the dead-letter topic ({type}:dlq).")
+        self.bad_inputs = self._counter(
+            "bad_inputs", "Requests answered with a failure because their input was invalid.")
+        self.unsettled = self._counter(
+            "unsettled", "Deliveries left unsettled for redelivery (handler or broker error).")
+        self.in_flight = Gauge(
+            "debates_in_flight", "Requests this worker is handling now.", _BY_TYPE,
+            namespace=self._namespace, registry=self.registry)
+        self.debate_duration = Histogram(
+            "debate_duration_seconds", "Time from taking a request to settling it, for debates "
+            "that ran (outcome completed or failed).", (*_BY_TYPE, "outcome"),
+            namespace=self._namespace, registry=self.registry, buckets=DEBATE_BUCKETS)
+        self._by_outcome: dict[str, Counter] = {
+            "completed": self.debates_completed, "failed": self.debates_failed,
+            "replayed": self.debates_replayed, "bad_input": self.bad_inputs,
+            "dead_lettered": self.dlq_entries, "unsettled": self.unsettled,
+        }
+
+    def _llm_metrics(self) -> None:
+        self.llm_calls = self._counter(
+            "llm_calls", "LLM calls made by debates; outcome ok or error.",
+            ("participant", "model", "purpose", "outcome"))
+        self.llm_tokens = self._counter(
+            "llm_tokens", "Tokens spent on LLM calls; kind prompt or completion.",
+            ("participant", "model", "kind"))
+        self.llm_call_duration = Histogram(
+            "llm_call_duration_seconds", "Duration of one LLM call.", ("model", "purpose"),
+            namespace=self._namespace, registry=self.registry, buckets=CALL_BUCKETS)
+
+    # ---- hooks --------------------------------------------------------------------------------
+
+    def request_started(self, ctx: RequestContext) -> None:
+        self.in_flight.labels(ctx.event_type).inc()
+        if ctx.deliveries > 1:
+            self.redeliveries.labels(ctx.event_type).inc()
+
+    def debate_event(self, ctx: RequestContext, event: ev.DebateEvent) -> None:
+        if isinstance(event, ev.DebateStarted):
+            self.debates_started.labels(ctx.event_type).inc()
+            if event.resumed_from_round > 0:
+                self.debates_resumed.labels(ctx.event_type).inc()
+        elif isinstance(event, ev.RoundCompleted):
+            self.rounds.labels(ctx.event_type).inc()
+        elif isinstance(event, CallEvent):
+            self._count_call(event)
+
+    def _count_call(self, event: CallEvent) -> None:
+        model, purpose = model_of(event), CALL_PURPOSES[type(event)]
+        outcome = "error" if isinstance(event, ev.TurnFailed) else "ok"
+        self.llm_calls.labels(event.speaker, model, purpose, outcome).inc()
+        self.llm_tokens.labels(event.speaker, model, "prompt").inc(event.usage.prompt_tokens)
+        self.llm_tokens.labels(event.speaker, model, "completion").inc(
+            event.usage.completion_tokens)
+        self.llm_call_duration.labels(model, purpose).observe(event.duration_ms / 1000.0)
+
+    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+                         result: Mapping[str, Any] | None, duration_s: float) -> None:
+        self.in_flight.labels(ctx.event_type).dec()
+        if result is not None and result.get("debateReplayed"):
+            # The worker calls a replayed *failure* "failed"; counting it again would make one
+            # failed debate look like many.
+            outcome = "replayed"
+        counter = self._by_outcome.get(outcome)
+        if counter is not None:
+            counter.labels(ctx.event_type).inc()
+        if outcome in ("completed", "failed"):
+            self.debate_duration.labels(ctx.event_type, outcome).observe(duration_s)
+
+
+def start_metrics_server(port: int, registry: CollectorRegistry | None = None,
+                         addr: str = "0.0.0.0") -> Any:
+    """Serve ``/metrics`` from a daemon thread; returns prometheus-client's (server, thread)."""
+    return start_http_server(port, addr=addr, registry=REGISTRY if registry is None else registry)

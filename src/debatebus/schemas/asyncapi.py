@@ -1,0 +1,413 @@
+"""The AsyncAPI 3.0 document of a debatebus worker, so other teams can discover and generate clients.
+
+Message schemas come from the msgspec structs the worker really encodes and decodes, so the
+document cannot drift from the wire. The structs below add what the generic ones leave open: the
+request payload (``Envelope.payload`` is any object) and the result payload (``result_fields``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from debatebus import __version__
+from debatebus.engine.transcript import Round
+from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
+from debatebus.schemas.envelope import Envelope, completed_topic, failed_topic
+from debatebus.schemas.events import EVENT_TYPES, DebateEvent
+from debatebus.schemas.usage import TokenUsage
+from debatebus.transports.base import dlq_topic
+from debatebus.worker import DEFAULT_GROUP, EVENTS_TOPIC
+
+__all__ = [
+    "ASYNCAPI_VERSION",
+    "DeadLetterHeaders",
+    "RedisDeadLetterEntry",
+    "RequestEnvelope",
+    "RequestPayload",
+    "ResultEnvelope",
+    "ResultPayload",
+    "build_asyncapi",
+    "kafka_topic_name",
+    "schema_components",
+]
+
+ASYNCAPI_VERSION: Final = "3.0.0"
+KAFKA_BINDING: Final = "0.5.0"
+_SCHEMA_REF: Final = "#/components/schemas/{name}"
+_JSON: Final = "application/json"
+
+
+# ---- payload structs (documentation only: the worker reads payloads as plain dicts) -------------
+
+
+class RequestPayload(msgspec.Struct, rename="camel", omit_defaults=True):
+    """What a producer asks for. Unknown fields are allowed and echoed back in the result."""
+
+    input: Annotated[str, Meta(
+        pattern=r"\S",
+        description=f"The debate topic: a non-blank string of at most {DEFAULT_MAX_INPUT_BYTES} "
+                    "bytes of UTF-8 (the handler's max_input_bytes).",
+        examples=["Should we adopt microservices?"],
+    )]
+    max_rounds: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
+        description="Cap on the rounds, never above the debate's own max_rounds.",
+    )] = None
+    debate_id: Annotated[Annotated[str, Meta(min_length=1, max_length=256)] | None, Meta(
+        description="Names the debate (default: the requestId). Re-sending the id of a finished "
+                    "debate replays its stored result; a checkpointed one resumes.",
+    )] = None
+    replay: Annotated[Literal["rerun"] | None, Meta(
+        description='"rerun" runs afresh under a new debate id instead of replaying.',
+    )] = None
+
+
+class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The request payload's own fields, echoed, plus the debate's outcome (``debate*`` fields,
+    named as in Synkro's ``asHandler``). A request that failed before its debate ran may carry
+    only debateId, debateStatus, debateError, debateRounds, debateOutput and debateTokenUsage."""
+
+    debate_id: str
+    debate_status: Literal["completed", "failed"]
+    debate_rounds: Annotated[int, Meta(ge=0, description="Rounds completed.")]
+    debate_output: Annotated[str, Meta(description="The synthesis, or the last round's text.")]
+    debate_token_usage: TokenUsage
+    debate_error: Annotated[str | None, Meta(description="Why the debate failed.")] = None
+    debate_synthesis: str | None = None
+    debate_transcript: Annotated[list[Round] | UnsetType, Meta(
+        description="Every round: turns in speaking order, verdict, token usage.",
+    )] = UNSET
+    debate_verdict: Annotated[dict[str, Any] | None, Meta(
+        description="The judge's last verdict (the judge schema's fields; by default "
+                    "consensus, summary, winner).",
+    )] = None
+    debate_phi_hat: Annotated[float | None, Meta(
+        description="Φ̂, the integration score: how much the participants' wording moved between "
+                    "their texts (mean Jaccard distance, 0..1).",
+    )] = None
+    debate_satisfied: Annotated[bool, Meta(description="The stop rule was met.")] = False
+    debate_replayed: Annotated[bool, Meta(
+        description="The stored result of an earlier run was replayed, nothing was re-run.",
+    )] = False
+    input: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
+    max_rounds: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
+    replay: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
+
+
+class RequestEnvelope(Envelope):
+    """A debate request: ``{"requestId": "...", "payload": {"input": "<topic>"}}``."""
+
+    payload: RequestPayload
+
+
+class ResultEnvelope(Envelope):
+    """A debate result. ``correlationId`` and ``causationId`` name the request; its ``headers``
+    (W3C ``traceparent`` among them) are carried over."""
+
+    payload: ResultPayload
+
+
+class DeadLetterHeaders(msgspec.Struct, omit_defaults=True, rename={
+    "reason": "x-debatebus-reason",
+    "origin": "x-debatebus-origin",
+    "origin_id": "x-debatebus-origin-id",
+    "origin_partition": "x-debatebus-origin-partition",
+    "origin_offset": "x-debatebus-origin-offset",
+    "deliveries": "x-debatebus-deliveries",
+}):
+    """Headers a dead letter carries besides the original message's own (all strings)."""
+
+    reason: Annotated[str, Meta(description="Why it was dead-lettered and what to fix.")]
+    origin: Annotated[str, Meta(description="The event type it was published on.")]
+    origin_id: Annotated[str | UnsetType, Meta(
+        description="Redis: the original stream entry id.")] = UNSET
+    origin_partition: Annotated[str | UnsetType, Meta(
+        description="Kafka: the original partition.")] = UNSET
+    origin_offset: Annotated[str | UnsetType, Meta(
+        description="Kafka: the original offset.")] = UNSET
+    deliveries: Annotated[str | UnsetType, Meta(
+        description="How many times it was delivered (a decimal number).")] = UNSET
+
+
+class RedisDeadLetterEntry(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The fields of a dead-letter entry in the Redis stream ``{type}:dlq``."""
+
+    envelope: Annotated[str, Meta(description="The original message bytes, untouched.")]
+    reason: str
+    origin: Annotated[str, Meta(description="The stream it came from.")]
+    origin_id: Annotated[str, Meta(description="Its entry id there.")]
+    deliveries: Annotated[str, Meta(pattern=r"^[0-9]+$")]
+    key: str | UnsetType = UNSET
+    headers: Annotated[str | UnsetType, Meta(
+        description="The original headers as a JSON object of strings.")] = UNSET
+
+
+# ---- schemas -----------------------------------------------------------------------------------
+
+
+def _asyncapi_discriminators(node: Any) -> Any:
+    """msgspec writes OpenAPI's ``discriminator`` object; AsyncAPI 3.0 wants the property name
+    alone, so keep the mapping under an extension key rather than lose it."""
+    if isinstance(node, list):
+        return [_asyncapi_discriminators(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _asyncapi_discriminators(value) for key, value in node.items()}
+    found = out.get("discriminator")
+    if isinstance(found, dict):
+        out["discriminator"] = found["propertyName"]
+        out["x-discriminator-mapping"] = found.get("mapping", {})
+    return out
+
+
+def _event_union(union: dict[str, Any]) -> dict[str, Any]:
+    # AsyncAPI's discriminator must be a required property of the schema that declares it.
+    tags = [cls.__struct_config__.tag for cls in EVENT_TYPES]
+    return {
+        "title": "DebateEvent",
+        "description": "One event of a debate on debate:events, tagged by type.",
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"enum": tags}},
+        **union,
+    }
+
+
+def schema_components() -> dict[str, Any]:
+    """JSON Schemas of every message, keyed by name, ``$ref``-ing ``#/components/schemas/…``."""
+    roots = [RequestEnvelope, ResultEnvelope, DeadLetterHeaders, RedisDeadLetterEntry,
+             Envelope, *EVENT_TYPES]
+    _, components = msgspec.json.schema_components(roots, ref_template=_SCHEMA_REF)
+    (union,), _ = msgspec.json.schema_components([DebateEvent], ref_template=_SCHEMA_REF)
+    schemas: dict[str, Any] = {**components, "DebateEvent": _event_union(union)}
+    return dict(_asyncapi_discriminators(schemas))
+
+
+def kafka_topic_name(event_type: str) -> str:
+    """Kafka forbids ``:`` in topic names; the Kafka transport uses ``.`` instead."""
+    return event_type.replace(":", ".")
+
+
+# ---- document ----------------------------------------------------------------------------------
+
+
+def _ref(path: str) -> dict[str, str]:
+    return {"$ref": path}
+
+
+def _kafka_channel(address: str) -> dict[str, Any]:
+    return {"kafka": {"topic": kafka_topic_name(address), "bindingVersion": KAFKA_BINDING}}
+
+
+def _kafka_key(description: str) -> dict[str, Any]:
+    return {"kafka": {"key": {"type": "string", "description": description},
+                      "bindingVersion": KAFKA_BINDING}}
+
+
+_REQUEST_KEY: Final = _kafka_key("The requestId, so a request and its results share a partition.")
+_CORRELATION: Final = {"description": "The request's id.", "location": "$message.payload#/requestId"}
+
+_REQUEST_EXAMPLE: Final = {
+    "requestId": "req-42",
+    "payload": {"input": "Should we adopt microservices?", "maxRounds": 2},
+}
+
+
+def _result_example(status: str) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "input": "Should we adopt microservices?", "maxRounds": 2, "debateId": "req-42",
+        "debateStatus": "completed", "debateRounds": 2, "debateOutput": "Adopt them gradually.",
+        "debateTokenUsage": {"promptTokens": 900, "completionTokens": 300, "totalTokens": 1200},
+        "debateVerdict": {"consensus": True, "summary": "Both agree on a gradual move."},
+        "debatePhiHat": 0.82, "debateSatisfied": True, "debateReplayed": False,
+    }
+    if status == "failed":
+        payload.update(debateStatus="failed", debateSatisfied=False,
+                       debateError="budget max_calls=6 reached")
+    return {
+        "requestId": "req-42", "type": f"event:debate:request:{status}",
+        "correlationId": "req-42", "causationId": "req-42",
+        "timestamp": "2026-01-01T00:00:00.000Z", "payload": payload,
+    }
+
+
+def _info() -> dict[str, Any]:
+    return {
+        "title": "debatebus",
+        "version": __version__,
+        "description": (
+            "Multi-agent LLM debates served as event handlers. A producer publishes a debate "
+            "request; a worker runs the debate and publishes the result on "
+            "`event:{type}:completed` or `event:{type}:failed` with the request's requestId, and "
+            "(when started with publish_events) each step of the debate on `debate:events`. "
+            "Messages that cannot even be read go to the dead-letter channel `{type}:dlq`.\n\n"
+            "Wire formats: on Redis Streams a message is a stream entry whose field `envelope` "
+            "holds the JSON body (plus `key` and `headers`, a JSON object, when present); on "
+            "Redis pub/sub it is the body PUBLISHed on the channel (dead letters still go to a "
+            "stream); on Kafka the topic is the event type with `:` replaced by `.`, the record "
+            "key is the requestId and the headers include `content-type: application/json` and "
+            "`x-debatebus-schema-version`."
+        ),
+        "license": {"name": "MIT"},
+    }
+
+
+def _servers() -> dict[str, Any]:
+    return {
+        "redisStreams": {
+            "host": "localhost:6379", "pathname": "/0", "protocol": "redis",
+            "title": "Redis Streams (broker URL redis://localhost:6379/0)",
+            "description": "The default transport: consumer groups, redelivery, dead letters.",
+        },
+        "redisPubsub": {
+            "host": "localhost:6379", "pathname": "/0", "protocol": "redis",
+            "title": "Redis pub/sub (broker URL redis+pubsub://localhost:6379/0)",
+            "description": "Synkro-compatible PUBLISH/SUBSCRIBE; no redelivery.",
+        },
+        "kafka": {
+            "host": "localhost:9092", "protocol": "kafka",
+            "title": "Kafka (broker URL kafka://localhost:9092)",
+            "description": "One topic per event type (':' becomes '.'), key = requestId.",
+            "bindings": {"kafka": {"bindingVersion": KAFKA_BINDING}},
+        },
+    }
+
+
+def _channel(address: str, title: str, description: str, messages: dict[str, str]) -> dict[str, Any]:
+    return {
+        "address": address,
+        "title": title,
+        "description": description,
+        "messages": {key: _ref(f"#/components/messages/{name}") for key, name in messages.items()},
+        "bindings": _kafka_channel(address),
+    }
+
+
+def _event_message_keys() -> dict[str, str]:
+    """Channel message key (the event's ``type`` tag) → component message name (its class)."""
+    return {str(cls.__struct_config__.tag): cls.__name__ for cls in EVENT_TYPES}
+
+
+def _channels(event_type: str) -> dict[str, Any]:
+    return {
+        "debateRequest": _channel(
+            event_type, "Debate requests", "Producers publish here; workers consume it as a group.",
+            {"debateRequest": "DebateRequest"}),
+        "debateCompleted": _channel(
+            completed_topic(event_type), "Completed debates",
+            "The result of each request whose debate completed (or was replayed).",
+            {"debateCompleted": "DebateCompleted"}),
+        "debateFailed": _channel(
+            failed_topic(event_type), "Failed debates",
+            "The result of each request that failed: bad input, or a debate that could not finish.",
+            {"debateFailed": "DebateFailed"}),
+        "debateEvents": _channel(
+            EVENTS_TOPIC, "Debate events",
+            "Every step of every debate as it happens, in order per debate (seq), when the worker "
+            "runs with publish_events.", _event_message_keys()),
+        "debateRequestDlq": _channel(
+            dlq_topic(event_type), "Dead letters",
+            "Requests that could not be read (not JSON, no requestId) or were delivered too many "
+            "times, with their original bytes untouched.", {"deadLetter": "DeadLetter"}),
+    }
+
+
+def _operation(action: str, channel: str, keys: list[str], summary: str) -> dict[str, Any]:
+    return {
+        "action": action,
+        "channel": _ref(f"#/channels/{channel}"),
+        "summary": summary,
+        "messages": [_ref(f"#/channels/{channel}/messages/{key}") for key in keys],
+    }
+
+
+def _operations() -> dict[str, Any]:
+    receive = _operation("receive", "debateRequest", ["debateRequest"],
+                         "A worker runs a debate for each request.")
+    receive["bindings"] = {"kafka": {
+        "groupId": {"type": "string", "enum": [DEFAULT_GROUP], "description": "The default group."},
+        "bindingVersion": KAFKA_BINDING,
+    }}
+    return {
+        "receiveDebateRequest": receive,
+        "sendDebateCompleted": _operation("send", "debateCompleted", ["debateCompleted"],
+                                          "The worker publishes a completed debate's result."),
+        "sendDebateFailed": _operation("send", "debateFailed", ["debateFailed"],
+                                       "The worker publishes a failed request's result."),
+        "sendDebateEvents": _operation("send", "debateEvents", list(_event_message_keys()),
+                                       "The worker publishes each debate's events as they happen."),
+        "sendDeadLetter": _operation("send", "debateRequestDlq", ["deadLetter"],
+                                     "The worker dead-letters a request it cannot read."),
+    }
+
+
+def _result_message(status: str, summary: str) -> dict[str, Any]:
+    return {
+        "name": f"debate_{status}",
+        "title": f"Debate {status}",
+        "summary": summary,
+        "contentType": _JSON,
+        "payload": _ref("#/components/schemas/ResultEnvelope"),
+        "correlationId": _CORRELATION,
+        "bindings": _REQUEST_KEY,
+        "examples": [{"name": status, "payload": _result_example(status)}],
+    }
+
+
+def _event_message(cls: type[msgspec.Struct]) -> dict[str, Any]:
+    tag = str(cls.__struct_config__.tag)
+    return {
+        "name": tag,
+        "title": cls.__name__,
+        "summary": f'A debate event with type "{tag}".',
+        "contentType": _JSON,
+        "payload": _ref(f"#/components/schemas/{cls.__name__}"),
+        "bindings": _kafka_key("The requestId of the request that started the debate."),
+    }
+
+
+def _messages() -> dict[str, Any]:
+    messages: dict[str, Any] = {
+        "DebateRequest": {
+            "name": "debate_request",
+            "title": "Debate request",
+            "summary": "Asks a worker to run a debate on payload.input.",
+            "contentType": _JSON,
+            "payload": _ref("#/components/schemas/RequestEnvelope"),
+            "correlationId": _CORRELATION,
+            "bindings": _REQUEST_KEY,
+            "examples": [{"name": "minimal", "payload": _REQUEST_EXAMPLE}],
+        },
+        "DebateCompleted": _result_message("completed", "A debate's result."),
+        "DebateFailed": _result_message("failed", "Why a request failed, with what was done."),
+        "DeadLetter": {
+            "name": "dead_letter",
+            "title": "Dead letter",
+            "summary": "The original message, untouched, with the reason in its headers.",
+            "description": "The payload is whatever was published (usually a request envelope, "
+                           "possibly not JSON at all). On Redis Streams the entry's fields are "
+                           "described by x-debatebus-redis-entry.",
+            "headers": _ref("#/components/schemas/DeadLetterHeaders"),
+            "payload": {"description": "The original message bytes."},
+            "bindings": _REQUEST_KEY,
+            "x-debatebus-redis-entry": _ref("#/components/schemas/RedisDeadLetterEntry"),
+        },
+    }
+    messages.update({cls.__name__: _event_message(cls) for cls in EVENT_TYPES})
+    return messages
+
+
+def build_asyncapi(event_type: str = "debate:request") -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of a worker serving ``event_type`` (channels are derived)."""
+    return {
+        "asyncapi": ASYNCAPI_VERSION,
+        "id": "urn:debatebus",
+        "info": _info(),
+        "defaultContentType": _JSON,
+        "servers": _servers(),
+        "channels": _channels(event_type),
+        "operations": _operations(),
+        "components": {"schemas": schema_components(), "messages": _messages()},
+    }

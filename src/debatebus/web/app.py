@@ -1,0 +1,215 @@
+"""The live debate page: a small Starlette app that follows ``debate:events`` and serves
+recent debates as JSON and each debate's events as server-sent events.
+
+It keeps nothing but memory: a restarted page shows debates from its start on. Serve it with
+``debatebus web --broker URL`` or mount ``create_app(...)`` in any ASGI server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import logging
+import re
+from collections.abc import AsyncIterator
+from functools import cache
+from importlib import resources
+from typing import Any, Final
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from debatebus.transports import Delivery, Transport, transport_from_url
+from debatebus.web.store import DebateStore, Event
+from debatebus.worker import EVENTS_TOPIC
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("debatebus.web")
+
+#: How long startup waits for the first subscription before serving anyway (healthz says 503).
+STARTUP_WAIT_S: Final = 10.0
+#: A comment line this often keeps proxies from closing an idle stream and notices gone clients.
+KEEPALIVE_S: Final = 15.0
+_RETRY_MAX_S: Final = 10.0
+_encode = msgspec.json.Encoder().encode
+
+
+# ---- the page ---------------------------------------------------------------------------------
+
+
+@cache
+def _page() -> tuple[bytes, str]:
+    """The page and a Content-Security-Policy that allows exactly its own inline script and
+    style: model output that slipped past escaping could still not run."""
+    html = (resources.files("debatebus.web") / "static" / "index.html").read_text("utf-8")
+    hashes = {tag: [_csp_hash(body) for body in re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S)]
+              for tag in ("script", "style")}
+    policy = "; ".join([
+        "default-src 'none'",
+        "script-src " + " ".join(hashes["script"]),
+        "style-src " + " ".join(hashes["style"]),
+        "connect-src 'self'", "img-src 'self' data:", "base-uri 'none'", "form-action 'none'",
+        "frame-ancestors 'none'",
+    ])
+    return html.encode(), policy
+
+
+def _csp_hash(body: str) -> str:
+    digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+    return f"'sha256-{digest}'"
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(_encode(data), status, media_type="application/json",
+                    headers={"Cache-Control": "no-store"})
+
+
+def _sse(index: int, event: Event) -> bytes:
+    # JSON never holds a raw newline, so one data line per event is enough.
+    return b"id: %d\ndata: %s\n\n" % (index, _encode(event))
+
+
+def _last_event_id(request: Request) -> int:
+    """The index the page saw last: EventSource sends it back when it reconnects."""
+    value = request.headers.get("last-event-id", "")
+    return int(value) if value.isdigit() else -1
+
+
+async def _close(deliveries: AsyncIterator[Delivery]) -> None:
+    aclose = getattr(deliveries, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+# ---- the app ----------------------------------------------------------------------------------
+
+
+class _LivePage:
+    """Follows the events topic into a DebateStore and answers the page's requests."""
+
+    def __init__(self, broker: str | Transport, events_topic: str, history: int) -> None:
+        self.owns_transport = isinstance(broker, str)
+        self.transport = transport_from_url(broker) if isinstance(broker, str) else broker
+        self.events_topic = events_topic
+        self.store = DebateStore(history)
+        self.subscribed = asyncio.Event()
+        self.last_error: str | None = None
+
+    # -- following the bus --
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self.subscribed = asyncio.Event()  # per run: an Event once awaited is tied to its loop
+        pump = asyncio.create_task(self._pump(), name="debatebus-web-pump")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.subscribed.wait(), STARTUP_WAIT_S)
+        try:
+            yield
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            if self.owns_transport:
+                await self.transport.close()
+
+    async def _pump(self) -> None:
+        """Follow the topic for as long as the app runs, re-subscribing after broker failures
+        (events published meanwhile are missed: subscriptions start from now)."""
+        delay = 0.5
+        while True:
+            try:
+                await self._follow()
+                delay = 0.5
+            except Exception as exc:  # any failure: a monitoring page should keep trying
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("web: following %s failed (%s); retrying in %.1fs",
+                            self.events_topic, self.last_error, delay)
+            self.subscribed.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_S)
+
+    async def _follow(self) -> None:
+        await self.transport.connect()
+        deliveries = await self.transport.subscribe([self.events_topic])
+        self.subscribed.set()
+        self.last_error = None
+        try:
+            async for delivery in deliveries:
+                self.store.ingest(delivery.body)
+        finally:
+            await _close(deliveries)
+
+    # -- routes --
+
+    async def page(self, request: Request) -> Response:
+        html, policy = _page()
+        return Response(html, media_type="text/html; charset=utf-8", headers={
+            "Content-Security-Policy": policy, "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache",
+        })
+
+    async def healthz(self, request: Request) -> Response:
+        ok = self.subscribed.is_set()
+        return _json({
+            "status": "ok" if ok else "unavailable", "subscribed": ok, "topic": self.events_topic,
+            "debates": len(self.store), "events": self.store.received, "error": self.last_error,
+        }, 200 if ok else 503)
+
+    async def debates(self, request: Request) -> Response:
+        return _json({"debates": self.store.recent()})
+
+    async def debate(self, request: Request) -> Response:
+        record = self.store.get(request.path_params["debate_id"])
+        if record is None:
+            return _json({"error": "no such debate (yet)"}, 404)
+        return _json({"debate": record.summary(), "events": record.events})
+
+    async def stream(self, request: Request) -> Response:
+        stream = self._events(request.path_params["debate_id"], _last_event_id(request))
+        return StreamingResponse(stream, media_type="text/event-stream", headers={
+            "Cache-Control": "no-store", "X-Accel-Buffering": "no",
+        })
+
+    async def _events(self, debate_id: str, after: int) -> AsyncIterator[bytes]:
+        """The debate's events after index ``after``: the stored ones, then each as it arrives.
+        The listener is registered before the stored events are read, so none can fall between;
+        indexes drop the ones that are in both."""
+        listener = self.store.listen(debate_id)
+        try:
+            yield b"retry: 2000\n\n"
+            record = self.store.get(debate_id)
+            batch = list(enumerate(record.events)) if record is not None else []
+            while True:
+                for index, event in batch:
+                    if index > after:
+                        after = index
+                        yield _sse(index, event)
+                if listener.overflowed:  # the page reconnects and resumes from ``after``
+                    return
+                batch = await listener.next_batch(KEEPALIVE_S)
+                if not batch:
+                    yield b": keep-alive\n\n"
+        finally:
+            self.store.unlisten(debate_id, listener)
+
+
+def create_app(broker_url_or_transport: str | Transport, *, history: int = 200,
+               events_topic: str = EVENTS_TOPIC) -> Starlette:
+    """The live page for the debates on ``events_topic``. A transport given as an object is
+    shared: it is connected but not closed by the app."""
+    live = _LivePage(broker_url_or_transport, events_topic, history)
+    routes = [
+        Route("/", live.page),
+        Route("/healthz", live.healthz),
+        Route("/api/debates", live.debates),
+        Route("/api/debates/{debate_id}", live.debate),
+        Route("/api/debates/{debate_id}/stream", live.stream),
+    ]
+    return Starlette(routes=routes, lifespan=live.lifespan)
+

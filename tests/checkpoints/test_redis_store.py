@@ -1,0 +1,118 @@
+"""Redis-only guarantees: restarts with AOF, error mapping, caller-owned clients, result TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from debatebus.checkpoints import Counters, RedisCheckpointStore
+from debatebus.exceptions import ConfigError, TransportError
+from tests.support.servers import RedisServer, free_port
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A private redis-server this test may restart (the session's one is shared)."""
+    server = RedisServer.start(appendonly=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.mark.slow
+async def test_survives_a_server_restart_with_aof(own_server: RedisServer) -> None:
+    async with RedisCheckpointStore(own_server.url, prefix="p") as store:
+        await store.begin("d1", b"h")
+        await store.append("d1", b"e1", Counters(calls=1))
+        await store.put_result("done", b"result")
+        assert await store.acquire_lease("d1", "w1", 120) is True
+
+        await asyncio.to_thread(own_server.restart)
+
+        # The same client reconnects; the Lua scripts are reloaded into the fresh script cache.
+        assert await store.append("d1", b"e2", Counters(calls=2)) == 2
+        loaded = await store.load("d1")
+        assert loaded is not None
+        assert (loaded.header, loaded.entries, loaded.counters) == (
+            b"h", [b"e1", b"e2"], Counters(calls=2))
+        assert await store.get_result("done") == b"result"
+        lease = await store.get_lease("d1")
+        assert lease is not None
+        assert lease.owner == "w1"
+        assert await store.acquire_lease("d1", "w2", 120) is False
+        assert await store.renew_lease("d1", "w1", 120) is True
+
+
+async def test_unreachable_server_is_a_transport_error() -> None:
+    store = RedisCheckpointStore(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5)
+    with pytest.raises(TransportError, match="redis-server running"):
+        await store.connect()
+    with pytest.raises(TransportError):
+        await store.load("d1")
+
+
+async def test_a_client_that_decodes_is_refused(redis_server: RedisServer) -> None:
+    client = Redis.from_url(redis_server.url, decode_responses=True)
+    try:
+        with pytest.raises(ConfigError, match="decode_responses"):
+            RedisCheckpointStore(client)
+    finally:
+        await client.aclose()
+
+
+async def test_a_given_client_stays_open(redis_server: RedisServer) -> None:
+    client = Redis.from_url(redis_server.url)
+    try:
+        async with RedisCheckpointStore(client, prefix=_prefix()) as store:
+            await store.put_result("d1", b"r")
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
+
+
+async def test_key_layout(redis_server: RedisServer) -> None:
+    prefix = _prefix()
+    client = Redis.from_url(redis_server.url)
+    try:
+        async with RedisCheckpointStore(client, prefix=prefix) as store:
+            await store.begin("d1", b"h")
+            await store.append("d1", b"e1", Counters(1, 2, 3, 4))
+            await store.acquire_lease("d1", "w1", 60)
+            assert await client.hget(f"{prefix}:ckpt:d1:h", "header") == b"h"
+            assert await client.hget(f"{prefix}:ckpt:d1:h", "calls") == b"4"
+            assert await client.lrange(f"{prefix}:ckpt:d1:r", 0, -1) == [b"e1"]
+            assert await client.get(f"{prefix}:lease:d1") == b"w1"
+            assert 0 < await client.pttl(f"{prefix}:lease:d1") <= 60_000
+            await store.put_result("d1", b"r")
+            assert await client.get(f"{prefix}:result:d1") == b"r"
+            assert await client.exists(f"{prefix}:ckpt:d1:h", f"{prefix}:ckpt:d1:r") == 0
+    finally:
+        await client.aclose()
+
+
+async def test_results_expire_with_result_ttl(redis_server: RedisServer) -> None:
+    async with RedisCheckpointStore(redis_server.url, prefix=_prefix(),
+                                    result_ttl_s=0.3) as store:
+        await store.put_result("d1", b"r")
+        assert await store.get_result("d1") == b"r"
+        await asyncio.sleep(1.0)
+        assert await store.get_result("d1") is None
+        assert await store.has_results(["d1"]) == [False]
+
+
+async def test_works_without_async_with(redis_server: RedisServer) -> None:
+    store = RedisCheckpointStore(redis_server.url, prefix=_prefix())
+    assert await store.begin("d1", b"h") == b"h"
+    await store.close()
+    await store.close()

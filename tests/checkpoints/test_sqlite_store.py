@@ -1,0 +1,160 @@
+"""SQLite-only guarantees: several processes share one file, and no call blocks the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from debatebus.checkpoints import Counters, SQLiteCheckpointStore
+from debatebus.exceptions import TransportError
+
+# A worker process: waits for "go" on stdin so both workers race, then contends for leases and
+# appends to one shared debate, interleaved.
+WORKER = """
+import asyncio, json, sys
+from debatebus.checkpoints import Counters, SQLiteCheckpointStore
+
+async def main(path, owner, n):
+    async with SQLiteCheckpointStore(path) as store:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        won, counts = [], []
+        for i in range(n):
+            won.append(await store.acquire_lease(f"d{i}", owner, 60))
+            counts.append(await store.append("shared", owner.encode(), Counters(calls=i)))
+    print(json.dumps({"won": won, "counts": counts}), flush=True)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+"""
+
+
+def _spawn(path: Path, owner: str, n: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WORKER, str(path), owner, str(n)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _race(path: Path, owners: list[str], n: int) -> dict[str, dict[str, list[int]]]:
+    procs = {owner: _spawn(path, owner, n) for owner in owners}
+    try:
+        for proc in procs.values():
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs.values():
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = {owner: proc.communicate(timeout=120)[0] for owner, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert all(proc.returncode == 0 for proc in procs.values()), outputs
+    return {owner: json.loads(out.strip().splitlines()[-1]) for owner, out in outputs.items()}
+
+
+@pytest.mark.slow
+async def test_two_processes_share_one_file(tmp_path: Path) -> None:
+    path, n = tmp_path / "shared.db", 30
+    async with SQLiteCheckpointStore(path) as store:
+        await store.begin("shared", b"h")
+        results = await asyncio.to_thread(_race, path, ["w1", "w2"], n)
+        for i in range(n):  # every lease has exactly one winner
+            assert [results[o]["won"][i] for o in ("w1", "w2")].count(True) == 1, i
+        counts = results["w1"]["counts"] + results["w2"]["counts"]
+        assert sorted(counts) == list(range(1, 2 * n + 1))  # no append lost or numbered twice
+        loaded = await store.load("shared")
+    assert loaded is not None
+    assert sorted(loaded.entries) == [b"w1"] * n + [b"w2"] * n
+
+
+async def test_calls_run_off_the_event_loop(tmp_path: Path) -> None:
+    """Another connection holds the write lock, so the store's appends wait in SQLite's busy
+    handler; the loop must keep running meanwhile, and the queued appends then land in order."""
+    path = tmp_path / "locked.db"
+    async with SQLiteCheckpointStore(path) as store:
+        await store.begin("d1", b"h")
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        ticking = asyncio.create_task(ticker())
+        appends = [asyncio.create_task(store.append("d1", f"e{i}".encode(), Counters(calls=i)))
+                   for i in range(200)]
+        await asyncio.sleep(0.5)
+        assert not any(task.done() for task in appends)
+        assert ticks > 100  # the loop ran while every append was stuck on the lock
+        blocker.commit()
+        blocker.close()
+        counts = await asyncio.gather(*appends)
+        ticking.cancel()
+        assert counts == list(range(1, 201))  # submitted order is commit order: one worker thread
+        loaded = await store.load("d1")
+    assert loaded is not None
+    assert loaded.entries == [f"e{i}".encode() for i in range(200)]
+
+
+async def test_ticker_keeps_ticking_during_appends(tmp_path: Path) -> None:
+    async with SQLiteCheckpointStore(tmp_path / "t.db") as store:
+        await store.begin("d1", b"h")
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(ticker())
+        for i in range(200):
+            await store.append("d1", b"x" * 500, Counters(calls=i))
+        stop.set()
+        await ticking
+    assert ticks >= 200
+
+
+async def test_results_expire_with_result_ttl(tmp_path: Path) -> None:
+    async with SQLiteCheckpointStore(tmp_path / "ttl.db", result_ttl_s=0.3) as store:
+        await store.put_result("d1", b"r")
+        assert await store.get_result("d1") == b"r"
+        await asyncio.sleep(1.0)
+        assert await store.get_result("d1") is None
+        assert await store.has_results(["d1"]) == [False]
+        await store.put_result("d2", b"r2")  # sweeps the expired row
+        assert await store.has_results(["d1", "d2"]) == [False, True]
+
+
+async def test_works_without_async_with_and_closes_twice(tmp_path: Path) -> None:
+    store = SQLiteCheckpointStore(tmp_path / "lazy.db")
+    assert await store.begin("d1", b"h") == b"h"  # connects on first use
+    await store.close()
+    await store.close()
+    assert await store.begin("d1", b"other") == b"h"  # and reconnects after close
+    await store.close()
+
+
+async def test_uses_wal(tmp_path: Path) -> None:
+    path = tmp_path / "wal.db"
+    async with SQLiteCheckpointStore(path) as store:
+        await store.begin("d1", b"h")
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_unopenable_file_is_a_transport_error(tmp_path: Path) -> None:
+    store = SQLiteCheckpointStore(tmp_path / "missing-dir" / "x.db")
+    with pytest.raises(TransportError, match="directory exists"):
+        await store.connect()

@@ -1,0 +1,99 @@
+"""Chaos: worker processes SIGKILLed at random moments while 20 slow debates run.
+
+Every request must end with exactly one final result event; no debate pays for more than its
+needed calls plus one interrupted round per kill of a worker running it; no transcript repeats a
+round; and replaying the whole request topic afterwards costs zero LLM calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from debatebus.client import BusClient
+from debatebus.transports import Outgoing
+from tests.bus.processes import WorkerProcess, read_calls
+from tests.bus.test_processes import collecting, env_for
+
+pytestmark = pytest.mark.slow
+
+DEBATES = 20
+ROUNDS = 3
+NEEDED = 1 + ROUNDS * 3 + 1  # framing, per round 2 turns + judge, synthesis
+ROUND_CALLS = 3
+KILLS = 6
+
+
+@pytest.fixture(params=["redis_streams", "kafka"])
+def chaos_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "kafka":
+        return str(request.getfixturevalue("tansu_server").url)
+    return str(request.getfixturevalue("redis_server").url)
+
+
+async def _chaos(workers: list[WorkerProcess], env: dict[str, str], tmp_path: Path,
+                 rng: random.Random) -> dict[int, int]:
+    """Kill a random worker KILLS times, restarting it each time; returns kills per pid."""
+    killed: dict[int, int] = defaultdict(int)
+    for n in range(KILLS):
+        await asyncio.sleep(rng.uniform(0.4, 1.4))
+        victim = rng.randrange(len(workers))
+        killed[workers[victim].pid] += 1
+        workers[victim].kill()
+        workers[victim] = WorkerProcess(env, tmp_path / f"w{victim}-{n}.log")
+    return killed
+
+
+async def test_chaos_kills_lose_nothing_and_repeat_nothing(chaos_url: str, redis_server: object,
+                                                           tmp_path: Path) -> None:
+    rng = random.Random(20261130)
+    event_type = f"debate:chaos{uuid.uuid4().hex[:6]}"
+    store = f"{redis_server.url}"  # type: ignore[attr-defined]
+    env = env_for(chaos_url, event_type, tmp_path, DBB_DELAY="0.08", DBB_ROUNDS=ROUNDS,
+                  DBB_STORE=store, DBB_LEASE_TTL="1.5", DBB_CONCURRENCY="6",
+                  DBB_CLAIM_IDLE_MS="1500", DBB_TOUCH_S="0.3")
+    workers = [WorkerProcess(env, tmp_path / f"w{i}.log") for i in range(2)]
+    try:
+        async with collecting(chaos_url, event_type) as (client, collector):
+            ids = [await client.publish(event_type, {"input": f"chaos {i}"}, request_id=f"c{i}")
+                   for i in range(DEBATES)]
+            killed = await _chaos(workers, env, tmp_path, rng)
+            await collector.wait_for(ids, 240)
+            await asyncio.sleep(3.0)  # a duplicate result would show up by now
+            counts = collector.counts()
+            finals = {e.request_id: e for e in collector.results}
+            calls_before_replay = len(read_calls(tmp_path / "calls.log"))
+            await _replay_topic(client, chaos_url, event_type, ids)
+            await collector.wait_for_count(ids, 2, 120)
+    finally:
+        for w in workers:
+            w.stop()
+    assert all(counts[i] == 1 for i in ids), f"results per request: {counts}"
+    for rid, envelope in finals.items():
+        numbers = [r["number"] for r in envelope.payload["debateTranscript"]]
+        assert numbers == list(range(1, ROUNDS + 1)), (rid, numbers)
+        assert envelope.payload["debateStatus"] == "completed", envelope.payload["debateError"]
+    calls = read_calls(tmp_path / "calls.log")
+    per_debate: dict[str, list[dict[str, object]]] = defaultdict(list)
+    for call in calls[:calls_before_replay]:
+        per_debate[str(call["topic"])].append(call)
+    for i in range(DEBATES):
+        made = per_debate[f"Debate topic: chaos {i}"]
+        kills = sum(killed.get(int(str(c)), 0) for c in {c["pid"] for c in made})
+        assert NEEDED <= len(made) <= NEEDED + ROUND_CALLS * kills, (i, len(made), kills)
+    assert len(calls) == calls_before_replay, "replaying finished requests must cost no LLM call"
+    replays = [e for e in collector.results if e.payload.get("debateReplayed")]
+    assert {e.request_id for e in replays} == set(ids)
+
+
+async def _replay_topic(client: BusClient, url: str, event_type: str, ids: list[str]) -> None:
+    """Ops replay of the whole request topic: every original request re-published as-is."""
+    from debatebus.cli.ops_cmds import replay_range
+
+    summary = await replay_range(client.transport, event_type, start=None, end=None)
+    assert summary.republished >= len(ids)

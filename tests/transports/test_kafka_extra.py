@@ -1,0 +1,369 @@
+"""Kafka-only guarantees beyond the contract suite, on a real Tansu broker.
+
+A foreign client (confluent-kafka) reads and writes our wire format; commits cover only the
+contiguous settled prefix; a SIGKILLed consumer's message is taken over; a consumer holding
+messages past max_poll_interval_ms stays in its group; unreachable brokers raise TransportError.
+No test asserts on timing: every wait has a generous deadline and checks an outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from tests.support.servers import TansuServer, free_port
+from tests.transports.test_contract import Reader
+
+import debatebus
+from debatebus.exceptions import TransportError
+from debatebus.transports.base import Delivery, Outgoing, dlq_topic
+from debatebus.transports.kafka import (
+    DELIVERIES_HEADER,
+    ORIGIN_OFFSET_HEADER,
+    ORIGIN_PARTITION_HEADER,
+    REASON_HEADER,
+    SCHEMA_HEADER,
+    KafkaTransport,
+    _Partition,
+    kafka_topic,
+)
+
+pytestmark = pytest.mark.kafka
+
+WAIT = 60.0  # generous: a group join on Tansu takes ~1 s, a crashed member's expiry ~2-4 s
+GROUP_OPTIONS: dict[str, Any] = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
+
+
+@pytest.fixture
+def make(tansu_server: TansuServer) -> Callable[..., KafkaTransport]:
+    def build(**options: Any) -> KafkaTransport:
+        return KafkaTransport(tansu_server.bootstrap, **{**GROUP_OPTIONS, **options})
+
+    return build
+
+
+@pytest.fixture
+async def kafka(make: Callable[..., KafkaTransport]) -> AsyncIterator[KafkaTransport]:
+    async with make() as t:
+        yield t
+
+
+async def committed(server: TansuServer, group: str, topic: str, partition: int = 0) -> int | None:
+    """The group's committed offset, read by a consumer that does not join (so no rebalance)."""
+    reader = AIOKafkaConsumer(bootstrap_servers=server.bootstrap, group_id=group,
+                              enable_auto_commit=False)
+    await reader.start()
+    try:
+        offset: int | None = await reader.committed(TopicPartition(kafka_topic(topic), partition))
+        return offset
+    finally:
+        await reader.stop()
+
+
+async def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {timeout}s")
+        await asyncio.sleep(0.2)
+
+
+# -- a client the project did not write --------------------------------------------------------
+
+
+def confluent_read_one(bootstrap: str, topic: str, partitions: int) -> Any:
+    import confluent_kafka
+
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "foreign",
+                                         "enable.auto.commit": False})
+    # assign() rather than subscribe(): no group join, which librdkafka makes slow on Tansu.
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
+                     for p in range(partitions)])
+    try:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                return message
+        raise AssertionError(f"confluent-kafka read nothing from {topic}")
+    finally:
+        consumer.close()
+
+
+async def test_confluent_consumer_reads_what_we_publish(kafka: KafkaTransport, topic: str,
+                                                        tansu_server: TansuServer) -> None:
+    body = b'{"requestId":"r-1","payload":{"input":"\xc3\xa9t\xc3\xa9?"}}'
+    await kafka.publish(Outgoing(topic, body, key="r-1", headers={"x-trace": "t-9"}))
+    message = await asyncio.to_thread(confluent_read_one, tansu_server.bootstrap,
+                                      kafka_topic(topic), kafka.partitions)
+    assert message.topic() == topic.replace(":", ".")
+    assert message.value() == body
+    assert message.key() == b"r-1"
+    headers = dict(message.headers())
+    assert headers["content-type"] == b"application/json"
+    assert headers[SCHEMA_HEADER] == b"1"
+    assert headers["x-trace"] == b"t-9"
+
+
+async def test_we_consume_what_confluent_produces(kafka: KafkaTransport, topic: str,
+                                                  tansu_server: TansuServer) -> None:
+    import confluent_kafka
+
+    await kafka.ensure_topics([topic])  # or Tansu would auto-create it with its own defaults
+    body = b'{"requestId":"r-7","payload":{"input":"tabs or spaces?"}}'
+
+    def produce() -> int:
+        producer = confluent_kafka.Producer({"bootstrap.servers": tansu_server.bootstrap})
+        producer.produce(kafka_topic(topic), value=body, key=b"r-7",
+                         headers=[("content-type", b"application/json"), ("x-from", b"rdkafka")])
+        return int(producer.flush(WAIT))
+
+    assert await asyncio.to_thread(produce) == 0  # nothing left unsent
+    reader = Reader(kafka.consume([topic], group="g", consumer="c1"))
+    got = await reader.next(WAIT)
+    assert (got.topic, got.body, got.key, got.deliveries) == (topic, body, "r-7", 1)
+    assert got.headers["content-type"] == "application/json"
+    assert got.headers["x-from"] == "rdkafka"
+    await kafka.ack(got)
+    reader.stop()
+
+
+# -- commits -------------------------------------------------------------------------------------
+
+
+async def test_out_of_order_acks_commit_only_the_contiguous_prefix(
+        make: Callable[..., KafkaTransport], topic: str, tansu_server: TansuServer) -> None:
+    async with make(partitions=1) as t:
+        await t.ensure_topics([topic])
+        for i in range(3):
+            await t.publish(Outgoing(topic, f"m{i}".encode(), key=f"r{i}"))
+        reader = Reader(t.consume([topic], group="g", consumer="c1", prefetch=3))
+        d0, d1, d2 = [await reader.next(WAIT) for _ in range(3)]
+        assert [d.id for d in (d0, d1, d2)] == ["0:0", "0:1", "0:2"]
+
+        await t.ack(d0)
+        await t.ack(d2)
+        assert await committed(tansu_server, "g", topic) == 1  # 1 is unsettled: 2 must wait
+        await t.ack(d1)
+        assert await committed(tansu_server, "g", topic) == 3
+        reader.stop()
+
+
+def test_partition_bookkeeping_skips_offset_gaps_and_forgets_unhanded_tail() -> None:
+    part = _Partition()
+    for offset in (5, 7, 8, 9):  # 6 is a gap (a transaction marker, a compacted record)
+        part.add(offset)
+    assert part.settle(7)
+    assert part.commit_at is None
+    assert part.settle(5)
+    assert part.commit_at == 8
+    assert not part.settle(5)  # settling twice changes nothing
+    assert part.forget_from(9) == 1  # 9 was never handed out: the next owner gets it
+    assert part.settle(8)
+    assert part.commit_at == 9
+
+
+# -- takeover ------------------------------------------------------------------------------------
+
+DOOMED = """
+import asyncio, sys
+from debatebus.transports.kafka import KafkaTransport
+
+async def main():
+    bootstrap, topic, group = sys.argv[1:4]
+    async with KafkaTransport(bootstrap, session_timeout_ms=2000, heartbeat_interval_ms=500) as t:
+        async for d in t.consume([topic], group=group, consumer="doomed"):
+            print("got", d.body.decode(), flush=True)
+            await asyncio.sleep(3600)  # a long debate, cut short by SIGKILL
+
+asyncio.run(main())
+"""
+
+
+async def test_message_of_a_sigkilled_consumer_is_taken_over(
+        kafka: KafkaTransport, topic: str, tansu_server: TansuServer) -> None:
+    await kafka.ensure_topics([topic])
+    await kafka.publish(Outgoing(topic, b"orphan", key="r-1"))
+    src = str(Path(debatebus.__file__).parents[1])  # the debatebus this test runs against
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", DOOMED, tansu_server.bootstrap, topic, "g",
+        stdout=asyncio.subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), WAIT)
+        assert line.decode().strip() == "got orphan"
+    finally:
+        proc.kill()  # SIGKILL: no LeaveGroup, no commit; the broker must expire the member
+        await proc.wait()
+
+    reader = Reader(kafka.consume([topic], group="g", consumer="survivor"))
+    again = await reader.next(WAIT)
+    assert (again.body, again.key) == (b"orphan", "r-1")
+    await kafka.ack(again)
+    assert await committed(tansu_server, "g", topic, int(again.id.split(":")[0])) == 1
+    reader.stop()
+
+
+# -- liveness while handlers are slow ------------------------------------------------------------
+
+
+def revocations(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "debatebus.transports.kafka" and "revoked" in r.getMessage()]
+
+
+async def test_holding_messages_past_max_poll_interval_does_not_expel_the_consumer(
+        make: Callable[..., KafkaTransport], topic: str, tansu_server: TansuServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="debatebus.transports.kafka")
+    async with make(partitions=1, max_poll_interval_ms=6000) as a:
+        await a.ensure_topics([topic])
+        await a.publish(Outgoing(topic, b"slow-0"))
+        reader = Reader(a.consume([topic], group="g", consumer="a", prefetch=1))
+        held = await reader.next(WAIT)
+        await a.publish(Outgoing(topic, b"slow-1"))
+        # The hold: 10 s > max_poll_interval_ms. prefetch=1 keeps slow-1 back (paused partition)
+        # while the fetch loop keeps polling, so the consumer stays in the group.
+        await reader.nothing(10.0)
+        await a.ack(held)
+        assert await committed(tansu_server, "g", topic) == 1  # an expelled member cannot commit
+        following = await reader.next(WAIT)
+        assert (following.body, following.deliveries) == (b"slow-1", 1)
+        await a.ack(following)
+        assert await committed(tansu_server, "g", topic) == 2
+        assert revocations(caplog) == [], "the consumer was rebalanced during the hold"
+
+        async with make() as b:  # a second member gets nothing already handled
+            await Reader(b.consume([topic], group="g", consumer="b")).nothing(6.0)
+        reader.stop()
+
+
+async def test_late_ack_after_revocation_publishes_but_does_not_commit(
+        make: Callable[..., KafkaTransport], topic: str, tansu_server: TansuServer,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="debatebus.transports.kafka")
+    results = f"event:{topic}:completed"
+    async with make(partitions=1, revoke_grace_ms=300) as a, make() as b:
+        await a.ensure_topics([topic, results])
+        listener = Reader(await a.subscribe([results]))
+        await a.publish(Outgoing(topic, b"contested", key="r-1"))
+        ra = Reader(a.consume([topic], group="g", consumer="a", prefetch=1))
+        held = await ra.next(WAIT)
+        rb = Reader(b.consume([topic], group="g", consumer="b"))  # the join revokes a's partition
+
+        async def revoked() -> bool:
+            return bool(revocations(caplog))
+
+        await eventually(revoked, "revoked from a")
+        await a.ack(held, [Outgoing(results, b'{"late":true}', key="r-1")])
+        assert (await listener.next(WAIT)).body == b'{"late":true}'
+        assert await committed(tansu_server, "g", topic) is None  # not a's to commit any more
+
+        owner, again = await first_of({ra: a, rb: b})  # the partition's owner now gets it again
+        assert again.body == b"contested"
+        await owner.ack(again)
+        assert await committed(tansu_server, "g", topic) == 1
+        for r in (ra, rb, listener):
+            r.stop()
+
+
+async def first_of(readers: dict[Reader, KafkaTransport]) -> tuple[KafkaTransport, Delivery]:
+    """The next delivery from whichever reader gets one first, with its transport."""
+    tasks = {asyncio.ensure_future(r.next(WAIT)): t for r, t in readers.items()}
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    task = done.pop()
+    return tasks[task], task.result()
+
+
+# -- settling by re-producing ----------------------------------------------------------------------
+
+
+async def test_requeue_counts_deliveries_and_dlq_records_origin(
+        make: Callable[..., KafkaTransport], topic: str) -> None:
+    async with make(partitions=1) as t:
+        await t.ensure_topics([topic])
+        dead = Reader(await t.subscribe([dlq_topic(topic)]))
+        await t.publish(Outgoing(topic, b"\xff not json", key="r-1", headers={"x-a": "1"}))
+        reader = Reader(t.consume([topic], group="g", consumer="c1"))
+        first = await reader.next(WAIT)
+        await t.reject(first, "try again", requeue=True)
+        second = await reader.next(WAIT)
+        assert (second.body, second.key, second.deliveries) == (b"\xff not json", "r-1", 2)
+        assert second.headers[DELIVERIES_HEADER] == "2"
+        assert second.headers["x-a"] == "1"
+        await t.reject(second, "body is not JSON: send a UTF-8 JSON envelope")
+        got = await dead.next(WAIT)
+        assert got.topic == dlq_topic(topic)
+        assert got.body == b"\xff not json"
+        assert got.headers[REASON_HEADER] == "body is not JSON: send a UTF-8 JSON envelope"
+        assert (got.headers[ORIGIN_PARTITION_HEADER], got.headers[ORIGIN_OFFSET_HEADER]) == \
+            ("0", second.id.split(":")[1])
+        reader.stop()
+        dead.stop()
+
+
+# -- ops replay ----------------------------------------------------------------------------------
+
+
+async def test_read_range_by_offsets_and_by_time(make: Callable[..., KafkaTransport],
+                                                 topic: str) -> None:
+    async with make(partitions=1) as t:
+        await t.ensure_topics([topic])
+        for i in range(5):
+            await t.publish(Outgoing(topic, f"m{i}".encode()))
+        by_offset = [d.body async for d in t.read_range(topic, 1, 4)]
+        assert by_offset == [b"m1", b"m2", b"m3"]
+        assert [d.body async for d in t.read_range(topic)] == [f"m{i}".encode() for i in range(5)]
+
+        await asyncio.sleep(1.1)  # record timestamps have ms resolution: split them clearly
+        since = datetime.now(UTC)
+        await asyncio.sleep(0.05)
+        await t.publish(Outgoing(topic, b"late"))
+        assert [d.body async for d in t.read_range(topic, since)] == [b"late"]
+        before = since - timedelta(hours=1)
+        assert len([d async for d in t.read_range(topic, before, since)]) == 5
+
+
+# -- unreachable brokers -------------------------------------------------------------------------
+
+
+async def test_unreachable_broker_raises_transport_error_with_cause() -> None:
+    port = free_port()  # nothing listens there
+    t = KafkaTransport([f"127.0.0.1:{port}"], connect_timeout=5.0)
+    with pytest.raises(TransportError, match=f"127.0.0.1:{port}") as caught:
+        async with asyncio.timeout(WAIT):
+            await t.connect()
+    assert isinstance(caught.value.__cause__, KafkaError)
+    await t.close()
+
+
+async def test_broker_that_never_answers_fails_within_connect_timeout() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.read()  # accepts the connection, never speaks Kafka
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        t = KafkaTransport(f"127.0.0.1:{port}", connect_timeout=1.0)
+        with pytest.raises(TransportError, match="timed out"):
+            async with asyncio.timeout(WAIT):
+                await t.publish(Outgoing("x:y", b"z"))
+        await t.close()
+    finally:
+        server.close()
