@@ -17,7 +17,7 @@ from debatebus.transports import Delivery
 from debatebus.worker import DebateBus
 from tests.bus.conftest import make_debate, transport_options
 
-__all__ = ["DOOMED", "EventLog", "FAKE_KEY", "FlakyStore", "app_on", "first", "new_event_type",
+__all__ = ["DOOMED", "FAKE_KEY", "TIMEOUT", "EventLog", "FlakyStore", "app_on", "first", "new_event_type",
            "scripted_llm"]
 
 TIMEOUT = 60.0

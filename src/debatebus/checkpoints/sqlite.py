@@ -130,7 +130,7 @@ class SQLiteCheckpointStore(CheckpointStore):
 
     async def _on(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
         try:
-            return fn()
+            return await asyncio.get_running_loop().run_in_executor(executor, fn)
         except sqlite3.Error as exc:
             raise TransportError(
                 f"SQLite checkpoint store {self.path!r} failed: {exc}. Check that the directory "

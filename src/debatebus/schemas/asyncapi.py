@@ -25,9 +25,7 @@ __all__ = [
     "ASYNCAPI_VERSION",
     "DeadLetterHeaders",
     "RedisDeadLetterEntry",
-    "RequestEnvelope",
     "RequestPayload",
-    "ResultEnvelope",
     "ResultPayload",
     "build_asyncapi",
     "kafka_topic_name",
@@ -96,19 +94,6 @@ class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
     replay: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
 
 
-class RequestEnvelope(Envelope):
-    """A debate request: ``{"requestId": "...", "payload": {"input": "<topic>"}}``."""
-
-    payload: RequestPayload
-
-
-class ResultEnvelope(Envelope):
-    """A debate result. ``correlationId`` and ``causationId`` name the request; its ``headers``
-    (W3C ``traceparent`` among them) are carried over."""
-
-    payload: ResultPayload
-
-
 class DeadLetterHeaders(msgspec.Struct, omit_defaults=True, rename={
     "reason": "x-debatebus-reason",
     "origin": "x-debatebus-origin",
@@ -144,6 +129,13 @@ class RedisDeadLetterEntry(msgspec.Struct, rename="camel", omit_defaults=True):
         description="The original headers as a JSON object of strings.")] = UNSET
 
 
+_REQUEST_ENVELOPE: Final = 'A debate request: ``{"requestId": "...", "payload": {"input": "<topic>"}}``.'
+_RESULT_ENVELOPE: Final = (
+    "A debate result. ``correlationId`` and ``causationId`` name the request; its ``headers`` "
+    "(W3C ``traceparent`` among them) are carried over."
+)
+
+
 # ---- schemas -----------------------------------------------------------------------------------
 
 
@@ -175,13 +167,26 @@ def _event_union(union: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _narrowed(envelope: dict[str, Any], payload: str, description: str) -> dict[str, Any]:
+    """The envelope schema with ``payload`` pointing at one payload schema. Patched rather than
+    subclassed so that Envelope stays the one definition of the wire fields."""
+    properties = {**envelope["properties"], "payload": {"$ref": _SCHEMA_REF.format(name=payload)}}
+    return {**envelope, "title": f"{payload.removesuffix('Payload')}Envelope",
+            "description": description, "properties": properties}
+
+
 def schema_components() -> dict[str, Any]:
     """JSON Schemas of every message, keyed by name, ``$ref``-ing ``#/components/schemas/…``."""
-    roots = [RequestEnvelope, ResultEnvelope, DeadLetterHeaders, RedisDeadLetterEntry,
-             Envelope, *EVENT_TYPES]
-    _, components = msgspec.json.schema_components(roots, ref_template=_SCHEMA_REF)
+    roots = [Envelope, RequestPayload, ResultPayload, DeadLetterHeaders, RedisDeadLetterEntry,
+             *EVENT_TYPES]
+    _, schemas = msgspec.json.schema_components(roots, ref_template=_SCHEMA_REF)
     (union,), _ = msgspec.json.schema_components([DebateEvent], ref_template=_SCHEMA_REF)
-    schemas: dict[str, Any] = {**components, "DebateEvent": _event_union(union)}
+    envelope = schemas["Envelope"]
+    schemas.update(
+        RequestEnvelope=_narrowed(envelope, "RequestPayload", _REQUEST_ENVELOPE),
+        ResultEnvelope=_narrowed(envelope, "ResultPayload", _RESULT_ENVELOPE),
+        DebateEvent=_event_union(union),
+    )
     return dict(_asyncapi_discriminators(schemas))
 
 

@@ -158,6 +158,16 @@ class MemoryTransport(Transport):
             await self.broker.append([Outgoing(dlq_topic(delivery.topic), delivery.body,
                                                delivery.key, headers)])
 
+    async def read_range(self, topic: str, start: str = "-", end: str = "+") -> AsyncIterator[Delivery]:
+        """Entries between two ids (``N-0``, inclusive; ``-``/``+`` for the ends), oldest first,
+        up to the end of the log as it was when called."""
+        log = self.broker.log(topic)
+        first = 0 if start == "-" else int(start.split("-")[0]) - 1
+        last = len(log) if end == "+" else min(int(end.split("-")[0]), len(log))
+        for index in range(max(first, 0), last):
+            m = log[index]
+            yield Delivery(topic, m.body, f"{index + 1}-0", 1, m.key, dict(m.headers))
+
     async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
         return self._follow(topics, {t: len(self.broker.log(t)) for t in topics})
 

@@ -1,0 +1,157 @@
+"""``debatebus replay``: re-publish a range of requests, paying nothing for finished debates.
+
+Finished debates are answered from the checkpoint store (``debateReplayed: true``) with zero LLM
+calls, so replaying a whole topic after an incident only costs what never finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from debatebus.checkpoints import CheckpointStore, store_from_url
+from debatebus.cli.common import add_broker, broker_url
+from debatebus.exceptions import ConfigError
+from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
+
+__all__ = ["ReplaySummary", "add_parser", "parse_position", "replay_range"]
+
+_STREAM_ID = re.compile(r"^\d+(-\d+)?$")
+Position = str | int | datetime | None
+
+
+@dataclass(slots=True)
+class ReplaySummary:
+    read: int = 0
+    republished: int = 0
+    already_finished: int = 0
+    unreadable: int = 0
+
+    def line(self) -> str:
+        return (f"read {self.read}, re-published {self.republished}, of which "
+                f"{self.already_finished} already had results (answered from the store at no LLM "
+                f"cost); {self.unreadable} unreadable skipped")
+
+
+def add_parser(sub: Any) -> None:
+    replay = sub.add_parser("replay", help="re-publish a range of requests from a stream/topic")
+    replay.add_argument("type", help="event type whose requests to replay, e.g. debate:request")
+    replay.add_argument("--from", dest="start", default=None,
+                        help="first entry: a Redis stream id (1700000000000-0), a Kafka offset, or "
+                        "an ISO time (2026-11-30T07:00:00Z); default: the beginning")
+    replay.add_argument("--to", dest="end", default=None, help="last entry (same forms)")
+    replay.add_argument("--store", help="checkpoint store URL, to report finished debates "
+                        "(default: the broker URL when it is Redis)")
+    add_broker(replay)
+    replay.set_defaults(func=_replay)
+
+
+def parse_position(value: str | None) -> Position:
+    """``None``, an ISO time, a stream id (kept as text) or a Kafka offset (int)."""
+    if value is None or value in ("-", "+"):
+        return None
+    if value.isdigit():
+        return int(value)
+    if _STREAM_ID.match(value):
+        return value
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(
+            f"cannot read position {value!r}: give a stream id (1700000000000-0), an offset (42) "
+            "or an ISO time (2026-11-30T07:00:00Z)"
+        ) from None
+
+
+def _entries(transport: Transport, topic: str, start: Position, end: Position
+             ) -> AsyncIterator[Delivery]:
+    read_range: Callable[..., AsyncIterator[Delivery]] | None = getattr(transport, "read_range", None)
+    if read_range is None:
+        raise ConfigError(f"{type(transport).__name__} keeps no history to replay: replay works on "
+                          "Redis Streams and Kafka")
+    return read_range(topic, _for(transport, start, "-"), _for(transport, end, "+"))
+
+
+def _for(transport: Transport, position: Position, open_end: str) -> Any:
+    """Positions in the form each transport's read_range takes."""
+    if getattr(transport, "position_kind", "stream-id") == "offset":  # Kafka: offsets or times
+        return position
+    if position is None:
+        return open_end
+    if isinstance(position, datetime):
+        return f"{int(position.timestamp() * 1000)}-0"
+    return f"{position}-0" if isinstance(position, int) else position
+
+
+def _debate_id(body: bytes) -> str | None:
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("requestId"), str):
+        return None
+    payload = data.get("payload")
+    debate_id = payload.get("debateId") if isinstance(payload, dict) else None
+    return debate_id if isinstance(debate_id, str) else data["requestId"]
+
+
+async def replay_range(transport: Transport, event_type: str, *, start: Position = None,
+                       end: Position = None, store: CheckpointStore | None = None,
+                       progress: Callable[[ReplaySummary], None] | None = None) -> ReplaySummary:
+    """Re-publish every readable request of ``event_type`` between ``start`` and ``end``.
+
+    The range is read to its end before anything is re-published, so re-publishing to the same
+    stream can't feed the replay its own output."""
+    summary = ReplaySummary()
+    batch: list[tuple[Delivery, str]] = []
+    async for delivery in _entries(transport, event_type, start, end):
+        summary.read += 1
+        debate_id = _debate_id(delivery.body)
+        if debate_id is None:
+            summary.unreadable += 1
+            continue
+        batch.append((delivery, debate_id))
+    if store is not None and batch:
+        finished = await store.has_results([debate_id for _, debate_id in batch])
+        summary.already_finished = sum(finished)
+    for delivery, _ in batch:
+        await transport.publish(Outgoing(event_type, delivery.body, delivery.key, delivery.headers))
+        summary.republished += 1
+        if progress is not None:
+            progress(summary)
+    return summary
+
+
+def _progress_printer(total_hint: str) -> Callable[[ReplaySummary], None]:
+    def show(summary: ReplaySummary) -> None:
+        if summary.republished % 100 == 0 or sys.stderr.isatty():
+            print(f"\rre-published {summary.republished}{total_hint}", end="", file=sys.stderr,
+                  flush=True)
+
+    return show
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    url = broker_url(args.broker)
+    store_url = args.store or (url if url.startswith(("redis://", "rediss://")) else None)
+    store = store_from_url(store_url) if store_url else None
+    async with transport_from_url(url) as transport:
+        if store is not None:
+            await store.connect()
+        try:
+            summary = await replay_range(transport, args.type, start=parse_position(args.start),
+                                         end=parse_position(args.end), store=store,
+                                         progress=_progress_printer(""))
+        finally:
+            if store is not None:
+                await store.close()
+    print(file=sys.stderr)
+    print(summary.line())
+    return 0

@@ -1,0 +1,78 @@
+"""``debatebus asyncapi`` (the bus's AsyncAPI document) and ``debatebus web`` (the live page)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from debatebus.cli.common import add_broker, broker_url
+from debatebus.exceptions import ConfigError
+
+__all__ = ["add_parser", "render_asyncapi"]
+
+_WEB_MODULES = ("starlette", "uvicorn")
+
+
+def add_parser(sub: Any) -> None:
+    asyncapi = sub.add_parser("asyncapi", help="print the AsyncAPI 3.0 document of the bus")
+    asyncapi.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    asyncapi.add_argument("--event-type", default="debate:request",
+                          help="the request event type the workers serve (default debate:request)")
+    asyncapi.add_argument("--output", "-o", help="write to this file instead of standard output")
+    asyncapi.set_defaults(func=_asyncapi)
+
+    web = sub.add_parser("web", help="serve the live debate page (needs the web extra)")
+    add_broker(web)
+    web.add_argument("--host", default="127.0.0.1",
+                     help="interface to listen on (default 127.0.0.1: transcripts are not public)")
+    web.add_argument("--port", type=int, default=8000)
+    web.add_argument("--history", type=int, default=200, help="debates kept in memory")
+    web.add_argument("--events-topic", default="debate:events")
+    web.set_defaults(func=_web)
+
+
+def render_asyncapi(document: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    try:
+        yaml = importlib.import_module("yaml")
+    except ModuleNotFoundError:
+        # JSON is YAML (1.2), so the document stays usable; only less pleasant to read.
+        print("debatebus: PyYAML is not installed, writing JSON (valid YAML)", file=sys.stderr)
+        return render_asyncapi(document, "json")
+    return str(yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=100))
+
+
+async def _asyncapi(args: argparse.Namespace) -> int:
+    from debatebus.schemas.asyncapi import build_asyncapi
+
+    text = render_asyncapi(build_asyncapi(args.event_type), args.format)
+    if args.output:
+        await asyncio.to_thread(Path(args.output).write_text, text, "utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+async def _web(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from debatebus.web.app import create_app
+    except ModuleNotFoundError as exc:
+        if exc.name not in _WEB_MODULES:
+            raise
+        raise ConfigError("debatebus web needs the web extra: pip install 'debatebus[web]'") from exc
+    if args.history < 1:
+        raise ConfigError(f"--history must be ≥ 1, got {args.history}")
+    app = create_app(broker_url(args.broker), history=args.history, events_topic=args.events_topic)
+    # Open event streams would hold a graceful shutdown forever; cut them after a few seconds.
+    config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=3,
+                            log_level="info")
+    await uvicorn.Server(config).serve()
+    return 0
