@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
+from tests.support.servers import RedisServer, free_port
 
 from debatebus.checkpoints import Counters, RedisCheckpointStore
 from debatebus.exceptions import ConfigError, TransportError
-from tests.support.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,35 @@ async def test_two_processes_share_one_file(tmp_path: Path) -> None:
     assert sorted(loaded.entries) == [b"w1"] * n + [b"w2"] * n
 
 
+class WriteLockHolder:
+    """Holds the file's write lock from another connection on its own thread until released (or
+    for at most ``limit`` seconds, so a store that blocks the loop fails the test, not hangs it)."""
+
+    def __init__(self, path: Path, limit: float = 3.0) -> None:
+        self._path, self._limit = path, limit
+        self._held, self._release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+
+    def _hold(self) -> None:
+        db = sqlite3.connect(self._path, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            self._held.set()
+            self._release.wait(self._limit)
+            db.commit()
+        finally:
+            db.close()
+
+    def __enter__(self) -> WriteLockHolder:
+        self._thread.start()
+        assert self._held.wait(10), "could not take the write lock"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._release.set()
+        self._thread.join(10)
+
+
 async def test_calls_run_off_the_event_loop(tmp_path: Path) -> None:
     """Another connection holds the write lock, so the store's appends wait in SQLite's busy
     handler; the loop must keep running meanwhile, and the queued appends then land in order."""
@@ -88,18 +119,17 @@ async def test_calls_run_off_the_event_loop(tmp_path: Path) -> None:
                 ticks += 1
                 await asyncio.sleep(0)
 
-        blocker = sqlite3.connect(path, isolation_level=None)
-        blocker.execute("BEGIN IMMEDIATE")
         ticking = asyncio.create_task(ticker())
-        appends = [asyncio.create_task(store.append("d1", f"e{i}".encode(), Counters(calls=i)))
-                   for i in range(200)]
-        await asyncio.sleep(0.5)
-        assert not any(task.done() for task in appends)
-        assert ticks > 100  # the loop ran while every append was stuck on the lock
-        blocker.commit()
-        blocker.close()
+        with WriteLockHolder(path):
+            appends = [asyncio.create_task(store.append("d1", f"e{i}".encode(), Counters(calls=i)))
+                       for i in range(200)]
+            await asyncio.sleep(0.5)
+            assert not any(task.done() for task in appends)
+            assert ticks > 100  # the loop ran while every append was stuck on the lock
         counts = await asyncio.gather(*appends)
         ticking.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticking
         assert counts == list(range(1, 201))  # submitted order is commit order: one worker thread
         loaded = await store.load("d1")
     assert loaded is not None

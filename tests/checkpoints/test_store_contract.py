@@ -6,10 +6,10 @@ import asyncio
 import os
 
 import pytest
+from tests.checkpoints.conftest import Backend
 
 from debatebus.checkpoints import CheckpointStore, Counters
 from debatebus.exceptions import ConfigError
-from tests.checkpoints.conftest import Backend
 
 TTL = 0.4  # lease TTL for expiry tests
 EXPIRED = 1.2  # comfortably past TTL, even on a loaded 2-core machine

@@ -21,8 +21,14 @@ NO_LLAMA = "llama-cpp-python is not installed (scripts/install-local-model.sh in
 @pytest.fixture(autouse=True)
 def _no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys and base URLs from the developer's shell must not leak into what tests construct."""
-    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL",
-                 "ANTHROPIC_AUTH_TOKEN", "DEBATEBUS_LLM"):  # fmt: skip
+    for name in (
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        "ANTHROPIC_AUTH_TOKEN",
+        "DEBATEBUS_LLM",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 

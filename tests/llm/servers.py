@@ -177,9 +177,18 @@ class LlamaServer:
     ) -> LlamaServer:
         port = free_port()
         command = [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(model_path),
-            "--host", "127.0.0.1", "--port", str(port), "--n_threads", str(n_threads),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_threads",
+            str(n_threads),
+        ]
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

@@ -70,9 +70,12 @@ async def test_request_max_tokens_and_temperature(fake_api: FakeAPI) -> None:
 
 async def test_text_and_usage_mapping_counts_cached_input(fake_api: FakeAPI) -> None:
     reply = anthropic_message(
-        "Dogs, though.", input_tokens=10, output_tokens=4,
-        cache_creation_input_tokens=5, cache_read_input_tokens=2,
-    )  # fmt: skip
+        "Dogs, though.",
+        input_tokens=10,
+        output_tokens=4,
+        cache_creation_input_tokens=5,
+        cache_read_input_tokens=2,
+    )
     fake_api.plan(Reply(json=reply))
     response = await make(fake_api).complete(REQUEST)
     assert response.text == "Dogs, though."

@@ -157,9 +157,10 @@ async def test_slow_server_times_out_on_every_attempt(fake_api: FakeAPI) -> None
 async def test_unreachable_server_is_a_connection_error_after_retries() -> None:
     sleeps = Sleeps()
     llm = OpenAICompatibleLLM(
-        "m", base_url=f"http://127.0.0.1:{free_port()}/v1",
+        "m",
+        base_url=f"http://127.0.0.1:{free_port()}/v1",
         retry_policy=RetryPolicy(max_retries=2, timeout=10, sleep=sleeps),
-    )  # fmt: skip
+    )
     with pytest.raises(LLMError, match="cannot reach") as info:
         await llm.complete(REQUEST)
     assert isinstance(info.value.__cause__, openai.APIConnectionError)

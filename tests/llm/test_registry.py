@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,15 @@ def test_bad_script_files(tmp_path: Path, content: str | None, why: str) -> None
         path.write_text(content)
     with pytest.raises(ConfigError, match=why):
         resolve_llm(f"scripted:{path}")
+
+
+def test_providers_load_only_when_asked_for() -> None:
+    code = (
+        "import sys, debatebus, debatebus.llm as llm; "
+        "assert not {'openai', 'anthropic', 'llama_cpp'} & set(sys.modules), sorted(sys.modules); "
+        "llm.OpenAICompatibleLLM; assert 'openai' in sys.modules and 'anthropic' not in sys.modules; "
+        "print(llm.ALLOW_MODEL_REQUESTS)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"

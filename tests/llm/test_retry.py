@@ -98,9 +98,12 @@ async def test_transient_failures_are_retried_until_success() -> None:
     sleeps = Sleeps()
     calls, attempt = failing(Flaky(500), Flaky(503), Flaky(429))
     result = await call_with_retries(
-        attempt, model="m", policy=policy(sleeps, max_retries=3), classify=classify,
+        attempt,
+        model="m",
+        policy=policy(sleeps, max_retries=3),
+        classify=classify,
         redactor=Redactor(),
-    )  # fmt: skip
+    )
     assert result == "done"
     assert len(calls) == 4
     assert sleeps.delays == [0.5, 1.0, 2.0]
@@ -121,9 +124,12 @@ async def test_exhausted_rate_limit_raises_the_tree_type_with_the_cause() -> Non
     calls, attempt = failing(*errors)
     with pytest.raises(LLMRateLimitError, match="gave up after 3 attempts") as info:
         await call_with_retries(
-            attempt, model="m", policy=policy(sleeps, max_retries=2), classify=classify,
+            attempt,
+            model="m",
+            policy=policy(sleeps, max_retries=2),
+            classify=classify,
             redactor=Redactor(),
-        )  # fmt: skip
+        )
     assert info.value.__cause__ is errors[-1]
     assert len(calls) == 3
 
@@ -169,9 +175,12 @@ async def test_per_attempt_timeout_fires_and_is_retried() -> None:
     sleeps = Sleeps()
     with pytest.raises(LLMTimeoutError, match=r"no answer within 0\.2s") as info:
         await call_with_retries(
-            hang, model="m", policy=policy(sleeps, timeout=0.2, max_retries=1), classify=classify,
+            hang,
+            model="m",
+            policy=policy(sleeps, timeout=0.2, max_retries=1),
+            classify=classify,
             redactor=Redactor(),
-        )  # fmt: skip
+        )
     assert isinstance(info.value.__cause__, TimeoutError)
     assert len(calls) == 2
 
@@ -210,9 +219,12 @@ async def test_redactor_cleans_the_whole_exception_chain() -> None:
     _, attempt = failing(sdk)
     with pytest.raises(LLMError) as info:
         await call_with_retries(
-            attempt, model="m", policy=policy(Sleeps()), classify=classify_sdk,
+            attempt,
+            model="m",
+            policy=policy(Sleeps()),
+            classify=classify_sdk,
             redactor=Redactor([key]),
-        )  # fmt: skip
+        )
     printed = "".join(traceback.format_exception(info.value))
     assert key not in printed
     assert "[REDACTED]" in printed

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
+
+from tests.bus.conftest import make_debate, transport_options
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore
@@ -15,9 +18,9 @@ from debatebus.observe import Observer, RequestContext
 from debatebus.schemas.events import DebateEvent
 from debatebus.transports import Delivery
 from debatebus.worker import DebateBus
-from tests.bus.conftest import make_debate, transport_options
 
-__all__ = ["DOOMED", "FAKE_KEY", "TIMEOUT", "EventLog", "FlakyStore", "app_on", "first", "new_event_type",
+__all__ = ["DOOMED", "FAKE_KEY", "TIMEOUT", "EventLog", "FlakyStore", "app_on", "debatebus_check", "first",
+           "new_event_type",
            "scripted_llm"]
 
 TIMEOUT = 60.0
@@ -80,8 +83,12 @@ class EventLog(Observer):
 
 def app_on(url: str, event_type: str, observers: Sequence[Observer], **handler_options: Any,
            ) -> DebateBus:
-    app = DebateBus(url, transport_options=transport_options(url), observers=observers,
-                    heartbeat_interval_s=None)
+    # A long claim time: a requeued request comes back at once anyway, and nothing is ever
+    # reclaimed because a busy 2-core machine stalled a keepalive.
+    options = transport_options(url)
+    if url.startswith("redis://"):
+        options["claim_idle_ms"] = 60_000
+    app = DebateBus(url, transport_options=options, observers=observers, heartbeat_interval_s=None)
     app.subscribe(event_type, make_debate(llm=scripted_llm()).as_handler(**handler_options))
     return app
 
@@ -92,3 +99,13 @@ async def first(stream: AsyncIterator[Delivery], timeout: float = TIMEOUT) -> De
     with contextlib.suppress(Exception):
         await stream.aclose()  # type: ignore[attr-defined]
     return delivery
+
+
+async def debatebus_check(*args: str) -> tuple[int, str]:
+    """``python -m debatebus check …`` without blocking the loop a worker may be running on."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "debatebus", "check", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode().strip()

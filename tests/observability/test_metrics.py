@@ -6,12 +6,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-
-from debatebus.client import BusClient
-from debatebus.observability.metrics import PrometheusObserver
-from debatebus.observe import RequestContext
-from debatebus.schemas import events as ev
-from debatebus.transports import Outgoing, dlq_topic
 from tests.bus.conftest import running, transport_options
 from tests.observability.observed import (
     DOOMED,
@@ -22,6 +16,12 @@ from tests.observability.observed import (
     first,
     new_event_type,
 )
+
+from debatebus.client import BusClient
+from debatebus.observability.metrics import PrometheusObserver
+from debatebus.observe import RequestContext
+from debatebus.schemas import events as ev
+from debatebus.transports import Outgoing, dlq_topic
 
 pytestmark = pytest.mark.redis
 
@@ -90,7 +90,8 @@ async def test_every_metric_moves_for_real_debates(redis_server: Any) -> None:
     assert value("rounds_total") == len(events.of(ev.RoundCompleted)) == 4
     assert value("debate_duration_seconds_count", outcome="completed") == 2
     assert value("debate_duration_seconds_count", outcome="failed") == 1
-    assert in_flight_seen and min(in_flight_seen) >= 1
+    assert in_flight_seen
+    assert min(in_flight_seen) >= 1
     assert value("debates_in_flight") == 0
 
 

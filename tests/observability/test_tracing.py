@@ -13,12 +13,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from tests.bus.conftest import running, transport_options
+from tests.observability.observed import DOOMED, TIMEOUT, app_on, new_event_type
 
 from debatebus.client import BusClient
 from debatebus.observability.tracing import TracingObserver, inject_traceparent
+from debatebus.observe import RequestContext
+from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import Envelope
-from tests.bus.conftest import running, transport_options
-from tests.observability.observed import DOOMED, TIMEOUT, app_on, new_event_type
 
 pytestmark = pytest.mark.redis
 
@@ -85,7 +87,8 @@ async def test_debate_round_call_span_tree(redis_server: Any, traced: Any) -> No
             assert attrs["debatebus.round"] == number
             assert attrs["gen_ai.usage.input_tokens"] > 0
             assert attrs["gen_ai.usage.output_tokens"] > 0
-            assert call.start_time is not None and call.end_time is not None
+            assert call.start_time is not None
+            assert call.end_time is not None
             assert call.start_time <= call.end_time
         turn = next(c for c in calls if c.name == "turn optimist")
         assert (turn.attributes or {})["debatebus.participant"] == "optimist"
@@ -173,3 +176,18 @@ def test_a_no_op_without_opentelemetry() -> None:
                           timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "no-op"
+
+
+def test_a_debate_cut_short_ends_its_open_round(traced: Any) -> None:
+    provider, exporter = traced
+    observer = TracingObserver(tracer_provider=provider)
+    ctx = RequestContext("debate:request", "1-0", 2, request_id="r-1", debate_name="d")
+    observer.request_started(ctx)
+    observer.debate_event(ctx, ev.RoundStarted(debate_id="r-1", seq=1, round=1, phase="opening"))
+    observer.request_finished(ctx, "unsettled", None, 0.1)
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(spans) == {"debate d", "round 1"}
+    assert spans["round 1"].status.status_code is StatusCode.ERROR
+    assert spans["debate d"].status.status_code is StatusCode.ERROR
+    assert (spans["debate d"].attributes or {})["debatebus.deliveries"] == 2
+    assert spans["debate d"].parent is None  # no traceparent: a root span

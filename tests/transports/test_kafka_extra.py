@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,6 +52,14 @@ def make(tansu_server: TansuServer) -> Callable[..., KafkaTransport]:
         return KafkaTransport(tansu_server.bootstrap, **{**GROUP_OPTIONS, **options})
 
     return build
+
+
+@pytest.fixture
+def group() -> str:
+    """A group per test. Sharing one across tests on the session's broker would couple them, and
+    Tansu 0.6 strands a group whose leader was the last member to leave: the next member to
+    join is told the departed leader leads and never gets an assignment."""
+    return f"g-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
@@ -117,7 +126,7 @@ async def test_confluent_consumer_reads_what_we_publish(kafka: KafkaTransport, t
 
 
 async def test_we_consume_what_confluent_produces(kafka: KafkaTransport, topic: str,
-                                                  tansu_server: TansuServer) -> None:
+                                                  tansu_server: TansuServer, group: str) -> None:
     import confluent_kafka
 
     await kafka.ensure_topics([topic])  # or Tansu would auto-create it with its own defaults
@@ -130,7 +139,7 @@ async def test_we_consume_what_confluent_produces(kafka: KafkaTransport, topic: 
         return int(producer.flush(WAIT))
 
     assert await asyncio.to_thread(produce) == 0  # nothing left unsent
-    reader = Reader(kafka.consume([topic], group="g", consumer="c1"))
+    reader = Reader(kafka.consume([topic], group=group, consumer="c1"))
     got = await reader.next(WAIT)
     assert (got.topic, got.body, got.key, got.deliveries) == (topic, body, "r-7", 1)
     assert got.headers["content-type"] == "application/json"
@@ -143,20 +152,21 @@ async def test_we_consume_what_confluent_produces(kafka: KafkaTransport, topic: 
 
 
 async def test_out_of_order_acks_commit_only_the_contiguous_prefix(
-        make: Callable[..., KafkaTransport], topic: str, tansu_server: TansuServer) -> None:
+        make: Callable[..., KafkaTransport], topic: str, tansu_server: TansuServer,
+        group: str) -> None:
     async with make(partitions=1) as t:
         await t.ensure_topics([topic])
         for i in range(3):
             await t.publish(Outgoing(topic, f"m{i}".encode(), key=f"r{i}"))
-        reader = Reader(t.consume([topic], group="g", consumer="c1", prefetch=3))
+        reader = Reader(t.consume([topic], group=group, consumer="c1", prefetch=3))
         d0, d1, d2 = [await reader.next(WAIT) for _ in range(3)]
         assert [d.id for d in (d0, d1, d2)] == ["0:0", "0:1", "0:2"]
 
         await t.ack(d0)
         await t.ack(d2)
-        assert await committed(tansu_server, "g", topic) == 1  # 1 is unsettled: 2 must wait
+        assert await committed(tansu_server, group, topic) == 1  # 1 is unsettled: 2 must wait
         await t.ack(d1)
-        assert await committed(tansu_server, "g", topic) == 3
+        assert await committed(tansu_server, group, topic) == 3
         reader.stop()
 
 
@@ -192,13 +202,13 @@ asyncio.run(main())
 
 
 async def test_message_of_a_sigkilled_consumer_is_taken_over(
-        kafka: KafkaTransport, topic: str, tansu_server: TansuServer) -> None:
+        kafka: KafkaTransport, topic: str, tansu_server: TansuServer, group: str) -> None:
     await kafka.ensure_topics([topic])
     await kafka.publish(Outgoing(topic, b"orphan", key="r-1"))
     src = str(Path(debatebus.__file__).parents[1])  # the debatebus this test runs against
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", DOOMED, tansu_server.bootstrap, topic, "g",
+        sys.executable, "-c", DOOMED, tansu_server.bootstrap, topic, group,
         stdout=asyncio.subprocess.PIPE, env=env)
     try:
         assert proc.stdout is not None
@@ -208,11 +218,11 @@ async def test_message_of_a_sigkilled_consumer_is_taken_over(
         proc.kill()  # SIGKILL: no LeaveGroup, no commit; the broker must expire the member
         await proc.wait()
 
-    reader = Reader(kafka.consume([topic], group="g", consumer="survivor"))
+    reader = Reader(kafka.consume([topic], group=group, consumer="survivor"))
     again = await reader.next(WAIT)
     assert (again.body, again.key) == (b"orphan", "r-1")
     await kafka.ack(again)
-    assert await committed(tansu_server, "g", topic, int(again.id.split(":")[0])) == 1
+    assert await committed(tansu_server, group, topic, int(again.id.split(":")[0])) == 1
     reader.stop()
 
 
@@ -226,42 +236,42 @@ def revocations(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 async def test_holding_messages_past_max_poll_interval_does_not_expel_the_consumer(
         make: Callable[..., KafkaTransport], topic: str, tansu_server: TansuServer,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, group: str) -> None:
     caplog.set_level(logging.INFO, logger="debatebus.transports.kafka")
     async with make(partitions=1, max_poll_interval_ms=6000) as a:
         await a.ensure_topics([topic])
         await a.publish(Outgoing(topic, b"slow-0"))
-        reader = Reader(a.consume([topic], group="g", consumer="a", prefetch=1))
+        reader = Reader(a.consume([topic], group=group, consumer="a", prefetch=1))
         held = await reader.next(WAIT)
         await a.publish(Outgoing(topic, b"slow-1"))
         # The hold: 10 s > max_poll_interval_ms. prefetch=1 keeps slow-1 back (paused partition)
         # while the fetch loop keeps polling, so the consumer stays in the group.
         await reader.nothing(10.0)
         await a.ack(held)
-        assert await committed(tansu_server, "g", topic) == 1  # an expelled member cannot commit
+        assert await committed(tansu_server, group, topic) == 1  # an expelled member cannot commit
         following = await reader.next(WAIT)
         assert (following.body, following.deliveries) == (b"slow-1", 1)
         await a.ack(following)
-        assert await committed(tansu_server, "g", topic) == 2
+        assert await committed(tansu_server, group, topic) == 2
         assert revocations(caplog) == [], "the consumer was rebalanced during the hold"
 
         async with make() as b:  # a second member gets nothing already handled
-            await Reader(b.consume([topic], group="g", consumer="b")).nothing(6.0)
+            await Reader(b.consume([topic], group=group, consumer="b")).nothing(6.0)
         reader.stop()
 
 
 async def test_late_ack_after_revocation_publishes_but_does_not_commit(
         make: Callable[..., KafkaTransport], topic: str, tansu_server: TansuServer,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, group: str) -> None:
     caplog.set_level(logging.INFO, logger="debatebus.transports.kafka")
     results = f"event:{topic}:completed"
     async with make(partitions=1, revoke_grace_ms=300) as a, make() as b:
         await a.ensure_topics([topic, results])
         listener = Reader(await a.subscribe([results]))
         await a.publish(Outgoing(topic, b"contested", key="r-1"))
-        ra = Reader(a.consume([topic], group="g", consumer="a", prefetch=1))
+        ra = Reader(a.consume([topic], group=group, consumer="a", prefetch=1))
         held = await ra.next(WAIT)
-        rb = Reader(b.consume([topic], group="g", consumer="b"))  # the join revokes a's partition
+        rb = Reader(b.consume([topic], group=group, consumer="b"))  # the join revokes a's partition
 
         async def revoked() -> bool:
             return bool(revocations(caplog))
@@ -269,12 +279,12 @@ async def test_late_ack_after_revocation_publishes_but_does_not_commit(
         await eventually(revoked, "revoked from a")
         await a.ack(held, [Outgoing(results, b'{"late":true}', key="r-1")])
         assert (await listener.next(WAIT)).body == b'{"late":true}'
-        assert await committed(tansu_server, "g", topic) is None  # not a's to commit any more
+        assert await committed(tansu_server, group, topic) is None  # not a's to commit any more
 
         owner, again = await first_of({ra: a, rb: b})  # the partition's owner now gets it again
         assert again.body == b"contested"
         await owner.ack(again)
-        assert await committed(tansu_server, "g", topic) == 1
+        assert await committed(tansu_server, group, topic) == 1
         for r in (ra, rb, listener):
             r.stop()
 
@@ -293,12 +303,12 @@ async def first_of(readers: dict[Reader, KafkaTransport]) -> tuple[KafkaTranspor
 
 
 async def test_requeue_counts_deliveries_and_dlq_records_origin(
-        make: Callable[..., KafkaTransport], topic: str) -> None:
+        make: Callable[..., KafkaTransport], topic: str, group: str) -> None:
     async with make(partitions=1) as t:
         await t.ensure_topics([topic])
         dead = Reader(await t.subscribe([dlq_topic(topic)]))
         await t.publish(Outgoing(topic, b"\xff not json", key="r-1", headers={"x-a": "1"}))
-        reader = Reader(t.consume([topic], group="g", consumer="c1"))
+        reader = Reader(t.consume([topic], group=group, consumer="c1"))
         first = await reader.next(WAIT)
         await t.reject(first, "try again", requeue=True)
         second = await reader.next(WAIT)

@@ -13,7 +13,7 @@ Every operation is one round trip; the ones that must be atomic are MULTI/EXEC o
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -209,7 +209,9 @@ class RedisCheckpointStore(CheckpointStore):
     async def release_lease(self, debate_id: str, owner: str) -> None:
         await self._lease_script("release", debate_id, owner)
 
-    async def _lease_script(self, name: str, debate_id: str, owner: str, *args: int) -> bool:
+    async def _lease_script(
+        self, name: Literal["acquire", "renew", "release"], debate_id: str, owner: str, *args: int
+    ) -> bool:
         _, scripts = await self._client()
         script: AsyncScript = getattr(scripts, name)
         with map_redis_errors(self._where):

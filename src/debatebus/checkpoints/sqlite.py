@@ -85,10 +85,14 @@ def _read(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 def _open(path: str) -> sqlite3.Connection:
     # isolation_level=None: no implicit transactions; _write/_read say exactly where they are.
     db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-    db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-    db.execute("PRAGMA journal_mode = WAL")
-    db.execute("PRAGMA synchronous = NORMAL")
-    db.executescript(_SCHEMA)
+    try:
+        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across app crashes
+        db.executescript(_SCHEMA)
+    except BaseException:
+        db.close()
+        raise
     return db
 
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import logging
 import sys
 from typing import Any
 
@@ -73,11 +74,16 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
         app.add_observer(PrometheusObserver())
         start_metrics_server(args.metrics_port)
     if args.otel:
-        from debatebus.observability.tracing import TracingObserver
+        from debatebus.observability.tracing import TracingObserver, provider_configured
 
         tracing = TracingObserver()
         if not tracing.enabled:
             raise ConfigError("--otel needs OpenTelemetry: pip install 'debatebus[otel]'")
+        if not provider_configured():
+            logging.getLogger("debatebus.worker").warning(
+                "--otel: no OpenTelemetry SDK is set up in this process, so spans are dropped; "
+                "run the worker under opentelemetry-instrument or set a tracer provider in %s",
+                args.app)
         app.add_observer(tracing)
 
 

@@ -98,8 +98,12 @@ class LocalLLM:
     """SmolLM2-135M-Instruct (or any chat GGUF at ``model_path``) in this process.
 
     The model loads on the first call, not at construction. ``seed`` makes sampling repeatable;
-    None lets llama.cpp pick one. A call cannot be interrupted once llama.cpp runs it: cancelling
-    the awaiting task returns at once, and the instance's next call waits for the thread to finish.
+    None lets llama.cpp pick one. ``repeat_penalty`` above 1 keeps a 135M model from looping on
+    one sentence, which it otherwise does within a few hundred tokens. ``n_ctx`` defaults to 4096
+    because a 3-participant, 2-round transcript plus a synthesis prompt can pass 2048 tokens.
+
+    A call cannot be interrupted once llama.cpp runs it: cancelling the awaiting task returns at
+    once, and the instance's next call waits for the abandoned thread to finish.
     """
 
     def __init__(
@@ -107,10 +111,11 @@ class LocalLLM:
         model_path: str | os.PathLike[str] | None = None,
         *,
         n_threads: int | None = None,
-        n_ctx: int = 2048,
+        n_ctx: int = 4096,
         max_tokens: int = 256,
         temperature: float = 0.7,
         seed: int | None = None,
+        repeat_penalty: float = 1.15,
     ) -> None:
         path = Path(model_path) if model_path is not None else default_model_path()
         if not path.is_file():
@@ -123,6 +128,7 @@ class LocalLLM:
         self._max_tokens = max_tokens
         self._temperature = temperature
         self._seed = seed
+        self._repeat_penalty = repeat_penalty
         self._llama: Any = None
         # The thread lock guards the Llama object even after an awaiting task gave up; the
         # per-loop asyncio locks queue callers without tying up executor threads.
@@ -197,6 +203,7 @@ class LocalLLM:
                     messages=messages,
                     max_tokens=self._budget(request, structured=response_format is not None),
                     temperature=self._temperature,
+                    repeat_penalty=self._repeat_penalty,
                     response_format=response_format,
                 )
             except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"

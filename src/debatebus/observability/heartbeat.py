@@ -135,7 +135,9 @@ def _redis_kind(transport: Transport) -> str | None:
 def _redis_client(transport: Transport) -> Redis:
     # The Redis transports keep their client private; their publish() cannot trim a stream or SET
     # a key, which heartbeats need so they neither grow without bound nor vanish on pub/sub.
-    client: Redis | None = getattr(transport, "client", None) or getattr(transport, "_client", None)
+    client: Redis | None = getattr(transport, "client", None)
+    if client is None:
+        client = getattr(transport, "_client", None)
     if client is None:
         raise TransportError("the Redis transport is not connected: no heartbeat sent")
     return client

@@ -38,7 +38,7 @@ else:
     OTEL_AVAILABLE = True
     _PROPAGATOR = TraceContextTextMapPropagator()
 
-__all__ = ["OTEL_AVAILABLE", "TracingObserver", "inject_traceparent"]
+__all__ = ["OTEL_AVAILABLE", "TracingObserver", "inject_traceparent", "provider_configured"]
 
 # Per-request state kept in RequestContext.scratch (shared with other observers: hence prefixed).
 _STARTED = "otel.started_ns"
@@ -56,6 +56,12 @@ def inject_traceparent(headers: Mapping[str, str] | None = None) -> dict[str, st
             and trace.get_current_span().get_span_context().is_valid:
         _PROPAGATOR.inject(out)
     return out
+
+
+def provider_configured() -> bool:
+    """Whether this process set a global tracer provider (an SDK): until one is set, spans made
+    through the global provider are dropped."""
+    return OTEL_AVAILABLE and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
 def _tracer(provider: trace.TracerProvider | None) -> trace.Tracer:

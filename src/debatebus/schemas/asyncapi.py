@@ -269,7 +269,8 @@ def _servers() -> dict[str, Any]:
         "redisPubsub": {
             "host": "localhost:6379", "pathname": "/0", "protocol": "redis",
             "title": "Redis pub/sub (broker URL redis+pubsub://localhost:6379/0)",
-            "description": "Synkro-compatible PUBLISH/SUBSCRIBE; no redelivery.",
+            "description": "Synkro-compatible PUBLISH/SUBSCRIBE: at-most-once, and every worker "
+                           "subscribed gets every request. Dead letters go to a stream.",
         },
         "kafka": {
             "host": "localhost:9092", "protocol": "kafka",
@@ -303,11 +304,11 @@ def _channels(event_type: str) -> dict[str, Any]:
         "debateCompleted": _channel(
             completed_topic(event_type), "Completed debates",
             "The result of each request whose debate completed (or was replayed).",
-            {"debateCompleted": "DebateCompleted"}),
+            {"debateCompleted": "DebateRequestCompleted"}),
         "debateFailed": _channel(
             failed_topic(event_type), "Failed debates",
             "The result of each request that failed: bad input, or a debate that could not finish.",
-            {"debateFailed": "DebateFailed"}),
+            {"debateFailed": "DebateRequestFailed"}),
         "debateEvents": _channel(
             EVENTS_TOPIC, "Debate events",
             "Every step of every debate as it happens, in order per debate (seq), when the worker "
@@ -350,8 +351,8 @@ def _operations() -> dict[str, Any]:
 
 def _result_message(status: str, summary: str) -> dict[str, Any]:
     return {
-        "name": f"debate_{status}",
-        "title": f"Debate {status}",
+        "name": f"debate_request_{status}",
+        "title": f"Debate request {status}",
         "summary": summary,
         "contentType": _JSON,
         "payload": _ref("#/components/schemas/ResultEnvelope"),
@@ -385,8 +386,8 @@ def _messages() -> dict[str, Any]:
             "bindings": _REQUEST_KEY,
             "examples": [{"name": "minimal", "payload": _REQUEST_EXAMPLE}],
         },
-        "DebateCompleted": _result_message("completed", "A debate's result."),
-        "DebateFailed": _result_message("failed", "Why a request failed, with what was done."),
+        "DebateRequestCompleted": _result_message("completed", "A debate's result."),
+        "DebateRequestFailed": _result_message("failed", "Why a request failed, and what was done."),
         "DeadLetter": {
             "name": "dead_letter",
             "title": "Dead letter",

@@ -37,7 +37,7 @@ from debatebus.transports.redis_common import (
     build_client,
     check_client,
     describe,
-    map_redis_errors,
+    redis_call,
 )
 from debatebus.transports.redis_streams import RedisStreamsTransport
 
@@ -62,11 +62,13 @@ class RedisPubSubTransport(Transport):
     atomic_ack = False
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, connect_timeout: float = 5.0,
-                 client: Redis | None = None, poll_ms: int = 100) -> None:
+                 command_timeout: float = 10.0, client: Redis | None = None,
+                 poll_ms: int = 100) -> None:
         if client is not None:
             check_client(client)
         self._url = url
         self._connect_timeout = connect_timeout
+        self._timeout = command_timeout
         self._poll_s = poll_ms / 1000
         self._client = client
         self._owns_client = client is None
@@ -82,12 +84,14 @@ class RedisPubSubTransport(Transport):
             return
         if self._client is None:
             self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        with map_redis_errors(self._where):
+        async with redis_call(self._where, self._timeout):
             await self._client.ping()
         self._closed = False
-        self._dead = RedisStreamsTransport(self._url, client=self._client, block_ms=int(self._poll_s * 1000))
+        self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
+                                           block_ms=max(1, int(self._poll_s * 1000)))
         await self._dead.connect()
-        self._batcher = CommandBatcher(self._client, self._where, transaction=False)
+        self._batcher = CommandBatcher(self._client, self._where, transaction=False,
+                                       timeout=self._timeout)
         self._batcher.start()
 
     async def close(self) -> None:
@@ -170,12 +174,11 @@ class RedisPubSubTransport(Transport):
         pubsub: PubSub = client.pubsub()
         self._listeners.add(pubsub)
         try:
-            with map_redis_errors(self._where):
+            async with redis_call(self._where, self._timeout):
                 await pubsub.subscribe(*channels)
                 for _ in set(channels):
-                    if await pubsub.get_message(timeout=self._connect_timeout) is None:
-                        raise TransportError(f"Redis at {self._where} did not confirm SUBSCRIBE "
-                                             f"within {self._connect_timeout}s: check its load")
+                    # The confirmations come back together, ahead of any message.
+                    await pubsub.get_message(timeout=None)
         except BaseException:
             self._listeners.discard(pubsub)
             await _quietly_close(pubsub)
@@ -190,9 +193,10 @@ class RedisPubSubTransport(Transport):
                 if requeued:
                     yield requeued.popleft()
                     continue
-                with self._reads.reading(), map_redis_errors(self._where):
-                    message: Any = await pubsub.get_message(ignore_subscribe_messages=True,
-                                                            timeout=self._poll_s)
+                with self._reads.reading():
+                    async with redis_call(self._where, self._timeout + self._poll_s):
+                        message: Any = await pubsub.get_message(ignore_subscribe_messages=True,
+                                                                timeout=self._poll_s)
                 if message is not None and message["type"] == "message":
                     yield Delivery(names[message["channel"]], message["data"], "", 1, None,
                                    NO_HEADERS, requeued)

@@ -46,7 +46,7 @@ from debatebus.transports.redis_common import (
     check_client,
     describe,
     log,
-    map_redis_errors,
+    redis_call,
 )
 
 __all__ = [
@@ -133,11 +133,15 @@ def _message_fields(body: bytes, key: str | None, headers: Mapping[str, str]) ->
 
 
 def _stream_entries(reply: Any) -> Iterable[tuple[Any, Any]]:
-    """XREAD/XREADGROUP replies as (stream, entries): redis-py hands back a list of pairs on RESP2
-    and a dict on RESP3 or with ``legacy_responses=False``."""
+    """XREAD/XREADGROUP replies as (stream, entries), whatever shape the client was built for:
+    a list of pairs (RESP2, the default), a dict (``legacy_responses=False``), or a dict of
+    one-element lists (RESP3 on redis-py < 8)."""
     if not reply:
         return ()
-    return reply.items() if isinstance(reply, dict) else reply
+    if not isinstance(reply, dict):
+        return reply  # type: ignore[no-any-return]
+    return ((name, entries[0] if entries and isinstance(entries[0], list) else entries)
+            for name, entries in reply.items())
 
 
 class RedisStreamsTransport(Transport):
@@ -152,13 +156,14 @@ class RedisStreamsTransport(Transport):
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, claim_idle_ms: int = 30_000,
                  block_ms: int = 1_000, max_len: int | None = None, connect_timeout: float = 5.0,
-                 client: Redis | None = None) -> None:
+                 command_timeout: float = 10.0, client: Redis | None = None) -> None:
         if claim_idle_ms < 10 or block_ms < 1:
             raise ConfigError("claim_idle_ms must be >= 10 and block_ms >= 1")
         if client is not None:
             check_client(client)
         self._url = url
         self._connect_timeout = connect_timeout
+        self._timeout = command_timeout
         self._claim_idle_ms = claim_idle_ms
         self._block_ms = block_ms
         self._trim: tuple[Any, ...] = ("MAXLEN", "~", max_len) if max_len else ()
@@ -178,10 +183,11 @@ class RedisStreamsTransport(Transport):
             return
         if self._client is None:
             self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        with map_redis_errors(self._where):
+        async with self._call():
             await self._client.ping()
         self._closed = False
-        self._batcher = CommandBatcher(self._client, self._where, transaction=True)
+        self._batcher = CommandBatcher(self._client, self._where, transaction=True,
+                                       timeout=self._timeout)
         self._batcher.start()
         self._keepalive = asyncio.create_task(self._keep_leases(), name="debatebus-redis-keepalive")
 
@@ -200,6 +206,9 @@ class RedisStreamsTransport(Transport):
             client, self._client = self._client, None
             with contextlib.suppress(redis_errors.RedisError, OSError):
                 await client.aclose()
+
+    def _call(self, blocking_ms: int = 0) -> contextlib.AbstractAsyncContextManager[None]:
+        return redis_call(self._where, self._timeout + blocking_ms / 1000)
 
     def _redis(self) -> Redis:
         if self._client is None or self._closed:
@@ -239,7 +248,7 @@ class RedisStreamsTransport(Transport):
     async def _requeue(self, lease: _Lease, entry_id: str) -> None:
         # Back-dating the entry's idle time makes the next XAUTOCLAIM (ours, or any live
         # consumer's) take it, which also counts the delivery; JUSTID leaves the count alone here.
-        with map_redis_errors(self._where):
+        async with self._call():
             await self._redis().xclaim(lease.topic, lease.group, lease.consumer, 0, [entry_id],
                                        idle=self._claim_idle_ms, justid=True)
         lease.claim_due = True
@@ -268,7 +277,7 @@ class RedisStreamsTransport(Transport):
 
     async def _ensure_group(self, topic: str, group: str) -> None:
         try:
-            with map_redis_errors(self._where):
+            async with self._call():
                 await self._redis().xgroup_create(topic, group, id="0", mkstream=True)
         except TransportError as e:
             if "BUSYGROUP" not in str(e.__cause__):
@@ -309,9 +318,11 @@ class RedisStreamsTransport(Transport):
         streams = {lease.topic: ">" for lease in leases}
         lease = leases[0]
         try:
-            with self._reads.reading(), map_redis_errors(self._where):
-                reply = await self._redis().xreadgroup(lease.group, lease.consumer, streams,  # type: ignore[arg-type]
-                                                       count=prefetch, block=self._block_ms)
+            with self._reads.reading():
+                async with self._call(self._block_ms):
+                    reply = await self._redis().xreadgroup(
+                        lease.group, lease.consumer, streams,  # type: ignore[arg-type]
+                        count=prefetch, block=self._block_ms)
         except TransportError as e:
             if "NOGROUP" not in str(e.__cause__):
                 raise
@@ -354,7 +365,7 @@ class RedisStreamsTransport(Transport):
         claimed: list[tuple[str, Any]] = []
         cursor: Any = "0-0"
         while len(claimed) < limit:
-            with map_redis_errors(self._where):
+            async with self._call():
                 reply: Any = await self._redis().xautoclaim(
                     lease.topic, lease.group, lease.consumer, self._claim_idle_ms,
                     start_id=cursor, count=limit - len(claimed))
@@ -375,7 +386,7 @@ class RedisStreamsTransport(Transport):
         pipe = self._redis().pipeline(transaction=False)
         for ident in ids:
             pipe.xpending_range(lease.topic, lease.group, ident, ident, 1, lease.consumer)
-        with map_redis_errors(self._where):
+        async with self._call():
             replies: list[Any] = await pipe.execute()
         counts: dict[str, int] = {}
         for ident, reply in zip(ids, replies, strict=True):
@@ -389,7 +400,7 @@ class RedisStreamsTransport(Transport):
         held: dict[_Lease, list[str]] = {}
         for delivery in deliveries:
             held.setdefault(_lease_of(delivery), []).append(delivery.id)
-        with map_redis_errors(self._where):
+        async with self._call():
             await self._refresh(held)
 
     async def _refresh(self, held: Mapping[_Lease, Iterable[str]]) -> None:
@@ -408,9 +419,10 @@ class RedisStreamsTransport(Transport):
             if not held:
                 continue
             try:
-                await self._refresh(held)
-            except (redis_errors.RedisError, OSError, TransportError) as e:
-                log.warning("could not refresh pending entries on Redis at %s: %s", self._where, e)
+                async with self._call():
+                    await self._refresh(held)
+            except TransportError as e:  # the next round may get through; reads will report it
+                log.warning("could not refresh pending entries: %s", e)
 
     # -- reading outside any group ---------------------------------------------------------------
 
@@ -422,8 +434,10 @@ class RedisStreamsTransport(Transport):
         names = {topic.encode(): topic for topic in topics}
         try:
             while not self._closed:
-                with self._reads.reading(), map_redis_errors(self._where):
-                    reply = await self._redis().xread(last, block=self._block_ms)  # type: ignore[arg-type]
+                with self._reads.reading():
+                    async with self._call(self._block_ms):
+                        reply = await self._redis().xread(
+                            last, count=_RANGE_PAGE, block=self._block_ms)  # type: ignore[arg-type]
                 for name, entries in _stream_entries(reply):
                     topic = names[name]
                     for entry_id, fields in entries:
@@ -438,7 +452,7 @@ class RedisStreamsTransport(Transport):
         pipe = self._redis().pipeline(transaction=False)
         for topic in topics:
             pipe.xrevrange(topic, "+", "-", count=1)
-        with map_redis_errors(self._where):
+        async with self._call():
             replies: list[Any] = await pipe.execute()
         return {topic: reply[0][0] if reply else "0-0" for topic, reply in zip(topics, replies, strict=True)}
 
@@ -450,7 +464,7 @@ class RedisStreamsTransport(Transport):
         left = count
         while left is None or left > 0:
             page = _RANGE_PAGE if left is None else min(_RANGE_PAGE, left)
-            with map_redis_errors(self._where):
+            async with self._call():
                 entries: Any = await self._redis().xrange(topic, start, end, count=page)
             for entry_id, fields in entries:
                 yield entry_to_delivery(topic, entry_id, fields)

@@ -1,0 +1,336 @@
+"""Debates per second and request→result latency through each real transport, side by side with
+the raw round trip of the same client library and a plain FastStream handler, in one run.
+
+    python benchmarks/bus.py [--requests 4000] [--inflight 64] [--no-kafka]
+
+Each scenario starts one worker process and drives it from this process with a closed loop of
+``--inflight`` outstanding requests; latency is publish → result seen by the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.servers import RedisServer, TansuServer  # noqa: E402
+
+RID = re.compile(rb'"requestId": ?"([^"]+)"')
+
+
+@dataclass
+class Figures:
+    name: str
+    per_s: float
+    p50_ms: float
+    p99_ms: float
+
+    def row(self) -> str:
+        return f"{self.name:<34} {self.per_s:>9.0f}/s   p50 {self.p50_ms:7.2f} ms   p99 {self.p99_ms:7.2f} ms"
+
+
+def envelope(rid: str) -> bytes:
+    return (b'{"requestId":"' + rid.encode() + b'","payload":{"input":"Should we adopt '
+            b'microservices?"}}')
+
+
+class Driver:
+    """Closed-loop load: keep ``inflight`` requests outstanding, time each to its result."""
+
+    def __init__(self, send: Callable[[str], Awaitable[None]], inflight: int) -> None:
+        self.send = send
+        self.slots = asyncio.Semaphore(inflight)
+        self.started: dict[str, float] = {}
+        self.latencies: list[float] = []
+        self.done = asyncio.Event()
+        self.expected = 0
+
+    def seen(self, body: bytes) -> None:
+        match = RID.search(body)
+        if match is None:
+            return
+        t0 = self.started.pop(match.group(1).decode(), None)
+        if t0 is None:
+            return
+        self.latencies.append(time.perf_counter() - t0)
+        self.slots.release()
+        if len(self.latencies) >= self.expected:
+            self.done.set()
+
+    async def run(self, n: int, tag: str) -> tuple[float, list[float]]:
+        self.latencies, self.expected = [], n
+        self.done.clear()
+        t0 = time.perf_counter()
+        for i in range(n):
+            await self.slots.acquire()
+            rid = f"{tag}-{i}"
+            self.started[rid] = time.perf_counter()
+            await self.send(rid)
+        await asyncio.wait_for(self.done.wait(), 300)
+        return time.perf_counter() - t0, self.latencies
+
+
+async def measure(name: str, driver: Driver, requests: int) -> Figures:
+    await driver.run(min(300, requests), f"warm-{uuid.uuid4().hex[:6]}")
+    elapsed, lat = await driver.run(requests, f"m-{uuid.uuid4().hex[:6]}")
+    lat_ms = sorted(x * 1000 for x in lat)
+    return Figures(name, requests / elapsed, statistics.median(lat_ms),
+                   lat_ms[int(len(lat_ms) * 0.99) - 1])
+
+
+LOG = Path(os.environ.get("BENCH_LOG", "/tmp/debatebus-bench-workers.log"))
+
+
+def start_worker(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # Workers log to a file: a pipe nobody reads fills up and blocks a chatty worker.
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+                            stdout=LOG.open("ab"), stderr=subprocess.STDOUT)
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# ---- Redis Streams / pub/sub drivers ---------------------------------------------------------
+
+
+async def redis_streams_run(name: str, url: str, worker: list[str], env: dict[str, str],
+                            requests: int, inflight: int, field: bytes = b"envelope",
+                            encode: Callable[[bytes, str], Awaitable[bytes]] | None = None) -> Figures:
+    import redis.asyncio as redis
+
+    stream = f"bench{uuid.uuid4().hex[:6]}:request"
+    results = f"event:{stream}:completed"
+    client = redis.Redis.from_url(url)
+    last = b"$"
+
+    async def send(rid: str) -> None:
+        body = envelope(rid)
+        await client.xadd(stream, {field: await encode(body, rid) if encode else body})
+
+    driver = Driver(send, inflight)
+
+    async def read() -> None:
+        nonlocal last
+        reader = redis.Redis.from_url(url)
+        while True:
+            reply = await reader.xread({results: last}, count=512, block=1000)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    for value in fields.values():
+                        driver.seen(value)
+
+    if encode is not None:  # FastStream makes its group at "$": requests sent first would be lost
+        await client.xgroup_create(stream, "fs", id="0", mkstream=True)
+    proc = start_worker(worker, {**env, "BENCH_REQUESTS": stream})
+    reader_task = asyncio.create_task(read())
+    try:
+        return await measure(name, driver, requests)
+    finally:
+        reader_task.cancel()
+        stop_worker(proc)
+        await client.aclose()
+
+
+async def redis_pubsub_run(name: str, url: str, requests: int, inflight: int) -> Figures:
+    import redis.asyncio as redis
+
+    channel = f"bench{uuid.uuid4().hex[:6]}:request"
+    client = redis.Redis.from_url(url)
+    pubsub = client.pubsub()
+    await pubsub.subscribe(f"event:{channel}:completed")
+    driver = Driver(lambda rid: client.publish(channel, envelope(rid)), inflight)
+
+    async def read() -> None:
+        async for message in pubsub.listen():
+            if message["type"] == "message":
+                driver.seen(message["data"])
+
+    proc = start_worker(["-m", "debatebus", "worker", "benchmarks.bus_apps:debatebus_app"],
+                        {"BENCH_BROKER": url.replace("redis://", "redis+pubsub://"),
+                         "BENCH_REQUESTS": channel})
+    reader_task = asyncio.create_task(read())
+    await asyncio.sleep(2.0)  # at-most-once: requests sent before the worker subscribes are lost
+    try:
+        return await measure(name, driver, requests)
+    finally:
+        reader_task.cancel()
+        stop_worker(proc)
+        await client.aclose()
+
+
+async def faststream_encode(body: bytes, rid: str) -> bytes:
+    from faststream.redis.parser.binary import BinaryMessageFormatV1
+
+    return await BinaryMessageFormatV1.encode(message=body, reply_to=None,
+                                              headers={"content-type": "application/json"},
+                                              correlation_id=rid)
+
+
+# ---- Kafka -------------------------------------------------------------------------------------
+
+
+async def kafka_run(name: str, bootstrap: str, worker: list[str], env: dict[str, str],
+                    requests: int, inflight: int) -> Figures:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    base = f"bench{uuid.uuid4().hex[:6]}:request"
+    req_topic, res_topic = base.replace(":", "."), f"event:{base}:completed".replace(":", ".")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(req_topic, 1, 1), NewTopic(res_topic, 1, 1)])
+    await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, linger_ms=1)
+    await producer.start()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    tp = TopicPartition(res_topic, 0)
+    consumer.assign([tp])
+    await consumer.seek_to_end(tp)
+
+    async def send(rid: str) -> None:
+        await producer.send(req_topic, envelope(rid), key=rid.encode())
+
+    driver = Driver(send, inflight)
+
+    async def read() -> None:
+        while True:
+            batches = await consumer.getmany(timeout_ms=200, max_records=1000)
+            for records in batches.values():
+                for record in records:
+                    driver.seen(record.value)
+
+    proc = start_worker(worker, {**env, "BENCH_REQUESTS": base})
+    reader_task = asyncio.create_task(read())
+    try:
+        return await measure(name, driver, requests)
+    finally:
+        reader_task.cancel()
+        stop_worker(proc)
+        await producer.stop()
+        await consumer.stop()
+
+
+# ---- checkpoint size ---------------------------------------------------------------------------
+
+
+async def checkpoint_bytes_per_round(url: str) -> list[int]:
+    from benchmarks.bus_apps import instant_debate
+    from debatebus.checkpoints import store_from_url
+    from debatebus.handlers.checkpointing import counters_of, encode_entry
+
+    store = store_from_url(url, prefix=f"size{uuid.uuid4().hex[:4]}")
+    sizes: list[int] = []
+
+    async def commit(progress: Any, item: Any) -> None:
+        await store.append("d", encode_entry(item), counters_of(progress))
+        sizes.append(await store.size_bytes("d"))
+
+    async with store:
+        await store.begin("d", b"{}")
+        await instant_debate().run("Should we adopt microservices?", on_commit=commit)
+    return [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+DEBATEBUS = ["-m", "debatebus", "worker", "benchmarks.bus_apps:debatebus_app"]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--inflight", type=int, default=64)
+    parser.add_argument("--no-kafka", action="store_true")
+    parser.add_argument("--only", help="comma-separated scenario names")
+    args = parser.parse_args()
+    n, k = args.requests, args.inflight
+    redis_server = RedisServer.start()
+    url = redis_server.url
+    rows: list[Figures] = []
+    scenarios: list[tuple[str, Callable[[], Awaitable[Figures]]]] = [
+        ("raw redis-py XADD+XREADGROUP+XACK", lambda: redis_streams_run(
+            "raw redis-py XADD+XREADGROUP+XACK", url,
+            ["benchmarks/bus_apps.py", "raw-redis", url], {}, n, k)),
+        ("FastStream Redis Streams", lambda: redis_streams_run(
+            "FastStream Redis Streams", url, ["benchmarks/bus_apps.py", "faststream", url, "1"],
+            {}, n, k, field=b"__data__", encode=faststream_encode)),
+        ("FastStream Redis Streams (16 workers)", lambda: redis_streams_run(
+            "FastStream Redis Streams (16 workers)", url,
+            ["benchmarks/bus_apps.py", "faststream", url, "16"], {}, n, k, field=b"__data__",
+            encode=faststream_encode)),
+        ("debatebus Redis Streams", lambda: redis_streams_run(
+            "debatebus Redis Streams", url, DEBATEBUS, {"BENCH_BROKER": url}, n, k)),
+        ("debatebus Redis Streams + checkpoints", lambda: redis_streams_run(
+            "debatebus Redis Streams + checkpoints", url, DEBATEBUS,
+            {"BENCH_BROKER": url, "BENCH_STORE": url}, n, k)),
+        ("debatebus Redis pub/sub", lambda: redis_pubsub_run("debatebus Redis pub/sub", url, n, k)),
+    ]
+    tansu = None
+    if not args.no_kafka:
+        tansu = TansuServer.start()
+        boot = tansu.bootstrap
+        scenarios += [
+            ("raw aiokafka produce+consume", lambda: kafka_run(
+                "raw aiokafka produce+consume", boot, ["benchmarks/bus_apps.py", "raw-kafka", boot],
+                {}, max(n // 4, 500), k)),
+            ("debatebus Kafka", lambda: kafka_run(
+                "debatebus Kafka", boot, DEBATEBUS, {"BENCH_BROKER": f"kafka://{boot}"},
+                max(n // 4, 500), k)),
+        ]
+    only = set(args.only.split(",")) if args.only else None
+    print(f"requests per scenario: {n} (Kafka: {max(n // 4, 500)}), in flight: {k}, "
+          f"CPUs: {os.cpu_count()}, load average: {os.getloadavg()[0]:.2f}", flush=True)
+    try:
+        for name, run in scenarios:
+            if only and name not in only:
+                continue
+            rows.append(await run())
+            print(rows[-1].row(), flush=True)
+        per_round = await checkpoint_bytes_per_round(url)
+    finally:
+        redis_server.stop()
+        if tansu is not None:
+            tansu.stop()
+    by = {r.name: r for r in rows}
+    _ratios(by)
+    print(f"checkpoint bytes per commit (framing, then rounds 1..3, Redis store): {per_round}")
+
+
+def _ratios(by: dict[str, Figures]) -> None:
+    ours, fs = by.get("debatebus Redis Streams"), by.get("FastStream Redis Streams")
+    raw = by.get("raw redis-py XADD+XREADGROUP+XACK")
+    ckpt = by.get("debatebus Redis Streams + checkpoints")
+    if ours and fs:
+        print(f"debatebus / FastStream throughput: {ours.per_s / fs.per_s:.2f}× (target ≥ 1.5×)")
+    if ours and raw:
+        print(f"debatebus per-debate time / raw round trip: {raw.per_s / ours.per_s:.2f}× "
+              "(target ≤ 3×)")
+    if ours and ckpt:
+        print(f"checkpointing cost: {100 * (1 - ckpt.per_s / ours.per_s):.0f}% of throughput "
+              "(target ≤ 30%)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,170 @@
+"""Worker heartbeats and ``debatebus check`` (a subprocess, as a container healthcheck runs it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from tests.bus.conftest import make_debate, running, transport_options
+from tests.observability.observed import debatebus_check
+from tests.support.servers import free_port
+
+from debatebus.cli.observe_cmds import check, judge
+from debatebus.observability.heartbeat import (
+    HEARTBEAT_TOPIC,
+    STREAM_MAXLEN,
+    beat_forever,
+    heartbeat_key,
+    latest_heartbeat,
+)
+from debatebus.transports import MemoryTransport
+from debatebus.worker import DebateBus
+
+WAIT = 60.0
+
+
+async def first_heartbeat(url: str, group: str) -> dict[str, Any]:
+    async with asyncio.timeout(WAIT):
+        while True:
+            beat = await latest_heartbeat(url, group)
+            if beat is not None:
+                return beat
+            await asyncio.sleep(0.05)
+
+
+def worker(url: str, group: str, interval_s: float = 0.2) -> DebateBus:
+    app = DebateBus(url, group=group, consumer="c-1", transport_options=transport_options(url),
+                    heartbeat_interval_s=interval_s)
+    app.subscribe(f"debate:request{uuid.uuid4().hex[:8]}", make_debate().as_handler())
+    return app
+
+
+@pytest.mark.redis
+async def test_check_fails_without_a_worker(redis_server: Any) -> None:
+    code, line = await debatebus_check("--broker", redis_server.url, "--group", "nobody-here")
+    assert code == 1
+    assert line.startswith("unhealthy: no heartbeat from group 'nobody-here'")
+    assert len(line.splitlines()) == 1
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("scheme", ["redis://", "redis+pubsub://"])
+async def test_check_passes_while_a_worker_runs(redis_server: Any, scheme: str) -> None:
+    url, group = redis_server.url.replace("redis://", scheme), f"g-{uuid.uuid4().hex[:8]}"
+    async with running(worker(url, group)):
+        beat = await first_heartbeat(url, group)
+        code, line = await debatebus_check("--broker", url, "--group", group, "--max-age", "300")
+        # Checking through the other Redis scheme finds the beats too (stream and key are read).
+        other = url.replace("+pubsub", "") if "+pubsub" in url else url.replace("redis", "redis+pubsub", 1)
+        other_code, _ = await check(other, group, max_age=300)
+    assert (code, other_code) == (0, 0)
+    assert line.startswith("ok: c-1 ")
+    assert f"group '{group}'" in line
+    assert beat["group"] == group
+    assert beat["consumer"] == "c-1"
+    assert beat["pid"] == os.getpid()
+    assert beat["inFlight"] == 0
+    assert beat["intervalS"] == 0.2
+    assert beat["app"] == "debatebus"
+
+
+@pytest.mark.redis
+async def test_pubsub_heartbeat_is_a_key_with_an_expiry(redis_server: Any) -> None:
+    url, group = redis_server.url.replace("redis://", "redis+pubsub://"), f"g-{uuid.uuid4().hex[:8]}"
+    async with running(worker(url, group)):
+        await first_heartbeat(url, group)
+        client = Redis.from_url(redis_server.url)
+        try:
+            ttl = await client.ttl(heartbeat_key(group))
+            body = json.loads(await client.get(heartbeat_key(group)))
+        finally:
+            await client.aclose()
+    assert 0 < ttl <= 60
+    assert body["group"] == group
+
+
+@pytest.mark.redis
+async def test_newest_beat_of_a_group_under_other_groups(redis_server: Any) -> None:
+    """Many other groups' beats on top of ours: the reader pages back to find it."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    client = Redis.from_url(redis_server.url)
+    try:
+        mine = {"group": group, "timestamp": 1.0, "consumer": "old"}
+        await client.xadd(HEARTBEAT_TOPIC, {"envelope": json.dumps(mine)})
+        for n in range(250):
+            other = {"group": f"other-{n % 7}", "timestamp": 2.0 + n}
+            await client.xadd(HEARTBEAT_TOPIC, {"envelope": json.dumps(other)})
+        await client.xadd(HEARTBEAT_TOPIC, {"envelope": b"not a heartbeat"})
+    finally:
+        await client.aclose()
+    assert await latest_heartbeat(redis_server.url, group) == mine
+
+
+@pytest.mark.redis
+async def test_stream_of_beats_is_trimmed(redis_server: Any) -> None:
+    from debatebus.transports.redis_streams import RedisStreamsTransport
+
+    sent = 0
+
+    def count() -> int:  # called once per beat
+        nonlocal sent
+        sent += 1
+        return 0
+
+    async with RedisStreamsTransport(redis_server.url) as transport:
+        task = asyncio.create_task(beat_forever(transport, "trim", "c", 0.001, count))
+        async with asyncio.timeout(WAIT):
+            while sent < STREAM_MAXLEN + 500:
+                assert not task.done()
+                await asyncio.sleep(0.05)
+        task.cancel()
+        client = Redis.from_url(redis_server.url)
+        try:
+            length = await client.xlen(HEARTBEAT_TOPIC)
+        finally:
+            await client.aclose()
+    # Approximate trimming keeps about STREAM_MAXLEN: whole macro nodes of 100 entries.
+    assert length < STREAM_MAXLEN + 200
+
+
+@pytest.mark.kafka
+async def test_check_on_kafka(tansu_server: Any) -> None:
+    url, group = tansu_server.url, f"g-{uuid.uuid4().hex[:8]}"
+    async with running(worker(url, group)):
+        beat = await first_heartbeat(url, group)
+        code, line = await check(url, group, max_age=300)
+    assert code == 0, line
+    assert beat["group"] == group
+    assert (await check(url, "nobody-here"))[0] == 1
+
+
+async def test_check_on_memory_and_unreachable_brokers_says_why() -> None:
+    code, line = await check("memory://", "g")
+    assert code == 1
+    assert "memory://" in line
+    code, line = await check(f"redis://:s3cret-pass@127.0.0.1:{free_port()}/0", "g", timeout=20)
+    assert code == 1
+    assert line.startswith("unhealthy: ")
+    assert "s3cret-pass" not in line
+
+
+async def test_memory_worker_sends_no_heartbeat() -> None:
+    transport = MemoryTransport()
+    await asyncio.wait_for(beat_forever(transport, "g", "c", 0.01, lambda: 0), 5)
+
+
+def test_judge() -> None:
+    beat = {"group": "g", "consumer": "c", "pid": 7, "host": "h", "inFlight": 2,
+            "intervalS": 5.0, "timestamp": 1000.0}
+    assert judge(beat, "g", "redis://r", None, now=1014.0)[0] == 0  # within 3 × 5 s
+    code, line = judge(beat, "g", "redis://r", None, now=1016.0)
+    assert code == 1
+    assert "16.0 s old (limit 15 s)" in line
+    assert judge(beat, "g", "redis://r", 60.0, now=1059.0)[0] == 0
+    assert judge(beat, "g", "redis://r", None, now=900.0)[0] == 0  # worker's clock ahead
+    assert judge(None, "g", "redis://r", None, now=0.0)[0] == 1

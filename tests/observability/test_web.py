@@ -1,0 +1,489 @@
+"""The live debate page: its store, its API over a memory bus, and the page itself end to end in
+headless Chromium following a real worker's debate on Redis.
+
+Chromium is driven through the DevTools protocol over ``--remote-debugging-pipe`` (NUL-separated
+JSON on file descriptors 3 and 4), which needs no websocket client and no port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import uvicorn
+from tests.bus.conftest import make_debate, running, transport_options
+from tests.support.servers import free_port
+
+from debatebus import FunctionLLM, LLMRequest
+from debatebus.cli import main
+from debatebus.client import BusClient
+from debatebus.schemas import events as ev
+from debatebus.schemas.envelope import completed_topic
+from debatebus.schemas.usage import TokenUsage
+from debatebus.transports import Outgoing
+from debatebus.transports.memory import MemoryBroker, MemoryTransport
+from debatebus.web import app as web_app
+from debatebus.web import create_app
+from debatebus.web.store import DebateStore, Listener
+from debatebus.worker import DebateBus
+
+TIMEOUT = 60.0
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-first-run", "--no-default-browser-check", "--mute-audio", "--remote-debugging-pipe",
+)
+
+
+def debate_events(debate_id: str = "d-1") -> list[ev.DebateEvent]:
+    usage = TokenUsage.of(10, 5)
+    ids = {"debate_id": debate_id, "request_id": f"req-{debate_id}"}
+    return [
+        ev.DebateStarted(**ids, seq=1, topic="Tabs or spaces?", debate_name="style",
+                         protocol="round-robin", participants=["tabs", "spaces"], max_rounds=2),
+        ev.RoundStarted(**ids, seq=2, round=1, phase="opening"),
+        ev.TurnCompleted(**ids, seq=3, speaker="tabs", round=1, text="Tabs.", usage=usage),
+        ev.TurnCompleted(**ids, seq=4, speaker="spaces", round=1, text="Spaces.", usage=usage),
+        ev.VerdictReached(**ids, seq=5, round=1, verdict={"consensus": True, "summary": "both"},
+                          usage=usage),
+        ev.RoundCompleted(**ids, seq=6, round=1, phase="opening", usage=TokenUsage.of(30, 15)),
+        ev.PhiUpdate(**ids, seq=7, phi_hat=0.75, level="high"),
+        ev.DebateCompleted(**ids, seq=8, rounds=1, satisfied=True, output="Spaces.",
+                           token_usage=TokenUsage.of(31, 16)),
+    ]
+
+
+def encoded(events: list[ev.DebateEvent]) -> list[bytes]:
+    return [msgspec.json.encode(e) for e in events]
+
+
+# ---- the store ------------------------------------------------------------------------------------
+
+
+def test_store_summarises_a_debate_from_its_events() -> None:
+    store = DebateStore()
+    bodies = encoded(debate_events())
+    for body in bodies[:5]:
+        store.ingest(body)
+    (running_debate,) = store.recent()
+    assert running_debate["status"] == "running"
+    assert running_debate["turns"] == 2
+    assert running_debate["tokens"]["totalTokens"] == 45  # summed from the three calls so far
+    assert running_debate["verdict"] == {"consensus": True, "summary": "both"}
+    for body in bodies[5:]:
+        store.ingest(body)
+    (done,) = store.recent()
+    assert done["status"] == "completed"
+    assert done["rounds"] == 1
+    assert done["tokens"] == {"promptTokens": 31, "completionTokens": 16, "totalTokens": 47}
+    assert (done["phiHat"], done["phiLevel"]) == (0.75, "high")
+    assert (done["topic"], done["participants"]) == ("Tabs or spaces?", ["tabs", "spaces"])
+    record = store.get("d-1")
+    assert record is not None
+    assert [e["seq"] for e in record.events] == list(range(1, 9))
+
+
+def test_store_ignores_what_is_not_an_event_and_keeps_unknown_types() -> None:
+    store = DebateStore()
+    for body in [b"not json", b"[]", b'{"type": "x"}', b'{"type": "x", "debateId": 5}',
+                 b'{"type": "x", "debateId": ""}']:
+        store.ingest(body)
+    assert (store.received, store.ignored, len(store)) == (5, 5, 0)
+    store.ingest(b'{"type": "from_the_future", "debateId": "d", "seq": 1}')
+    record = store.get("d")
+    assert record is not None
+    assert record.events[0]["type"] == "from_the_future"
+
+
+def test_store_forgets_the_least_recently_active_debate() -> None:
+    store = DebateStore(history=2)
+    for debate_id in ("a", "b", "a", "c"):
+        store.ingest(json.dumps({"type": "round_started", "debateId": debate_id}).encode())
+    assert {d["id"] for d in store.recent()} == {"a", "c"}
+
+
+def test_a_listener_that_falls_behind_is_cut_off_not_waited_for() -> None:
+    listener = Listener(backlog=2)
+    for index in range(3):
+        listener.push(index, {"seq": index})
+    assert listener.overflowed
+    assert [index for index, _ in listener.pending] == [0, 1]
+
+
+# ---- the API on a memory bus ---------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """``app`` on uvicorn on a free port, in this event loop."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=2))
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(TIMEOUT):
+        while not server.started:
+            if task.done():
+                task.result()  # raises what stopped it
+                raise AssertionError("uvicorn exited before it started")
+            await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, TIMEOUT)
+
+
+async def sse_events(lines: AsyncIterator[str], count: int) -> list[tuple[int, dict[str, Any]]]:
+    """The next ``count`` server-sent events as (id, data), skipping comments and retry lines."""
+    events: list[tuple[int, dict[str, Any]]] = []
+    event_id, data = None, None
+    async with asyncio.timeout(TIMEOUT):
+        async for line in lines:
+            if line.startswith("id: "):
+                event_id = int(line[4:])
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+            elif not line and event_id is not None and data is not None:
+                events.append((event_id, data))
+                event_id, data = None, None
+                if len(events) == count:
+                    break
+    return events
+
+
+async def wait_until(check: Callable[[], Any]) -> Any:
+    async with asyncio.timeout(TIMEOUT):
+        while not (result := await check()):  # noqa: ASYNC110 - polling a server
+            await asyncio.sleep(0.05)
+    return result
+
+
+async def test_api_lists_debates_and_streams_their_events_with_resume() -> None:
+    broker, topic = MemoryBroker(), f"debate:events:{uuid.uuid4().hex[:8]}"
+    bodies = encoded(debate_events("d-1"))
+    async with serving(create_app(MemoryTransport(broker), events_topic=topic)) as base, \
+            MemoryTransport(broker) as bus, httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as http:
+        health = (await http.get("/healthz")).json()
+        assert (health["status"], health["topic"]) == ("ok", topic)
+
+        # A page may open a debate before its first event: the stream waits for it.
+        async with http.stream("GET", "/api/debates/d-1/stream") as early:
+            assert early.headers["content-type"].startswith("text/event-stream")
+            lines = early.aiter_lines()
+            for body in bodies[:4]:
+                await bus.publish(Outgoing(topic, body, key="req-d-1"))
+            first = await sse_events(lines, 4)
+            for body in bodies[4:]:
+                await bus.publish(Outgoing(topic, body, key="req-d-1"))
+            rest = await sse_events(lines, 4)
+        assert [i for i, _ in first + rest] == list(range(8))
+        assert [e["seq"] for _, e in first + rest] == list(range(1, 9))
+
+        async def listed() -> Any:
+            debates = (await http.get("/api/debates")).json()["debates"]
+            return debates if debates and debates[0]["status"] == "completed" else None
+
+        (summary,) = await wait_until(listed)
+        assert (summary["id"], summary["requestId"], summary["turns"]) == ("d-1", "req-d-1", 2)
+        detail = (await http.get("/api/debates/d-1")).json()
+        assert [e["type"] for e in detail["events"]][-1] == "debate_completed"
+        assert (await http.get("/api/debates/nope")).status_code == 404
+
+        # EventSource reconnects with the last id it saw: only what came after is sent again.
+        async with http.stream("GET", "/api/debates/d-1/stream",
+                               headers={"Last-Event-ID": "5"}) as resumed:
+            again = await sse_events(resumed.aiter_lines(), 2)
+        assert [i for i, _ in again] == [6, 7]
+
+
+async def test_page_is_served_with_a_policy_that_allows_only_its_own_inline_code() -> None:
+    async with serving(create_app(MemoryTransport(MemoryBroker()))) as base, \
+            httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as http:
+        response = await http.get("/")
+    assert response.status_code == 200
+    policy = response.headers["content-security-policy"]
+    assert re.search(r"script-src 'sha256-[A-Za-z0-9+/=]+'(;|$)", policy)
+    assert "unsafe-inline" not in policy
+    assert "default-src 'none'" in policy
+    for markup_sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write"):
+        assert markup_sink not in response.text
+
+
+async def test_health_says_when_the_broker_cannot_be_followed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(web_app, "STARTUP_WAIT_S", 0.2)
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    async with serving(create_app(nobody)) as base, \
+            httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as http:
+
+        async def unhealthy() -> Any:
+            response = await http.get("/healthz")
+            return response if response.json()["error"] else None
+
+        response = await wait_until(unhealthy)
+    assert response.status_code == 503
+    assert "cannot reach Redis" in response.json()["error"]
+
+
+def test_web_command_checks_its_arguments() -> None:
+    assert main(["web", "--broker", "memory://", "--history", "0"]) == 2
+
+
+# ---- the page in headless Chromium, following a real worker on Redis -----------------------------
+
+
+class Browser:
+    """A headless Chromium driven over the DevTools protocol on pipes."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader,
+                 writer: asyncio.WriteTransport) -> None:
+        self.proc, self._reader, self._writer = proc, reader, writer
+        self._next_id = 0
+        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.events: list[dict[str, Any]] = []
+        self._pump = asyncio.create_task(self._read())
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def launch(cls, binary: str, profile: Path) -> AsyncIterator[Browser]:
+        commands_r, commands_w = os.pipe()
+        replies_r, replies_w = os.pipe()
+
+        def wire_pipes() -> None:  # in the child: the protocol's fixed descriptors 3 and 4
+            command, reply = os.dup(commands_r), os.dup(replies_w)
+            os.dup2(command, 3)
+            os.dup2(reply, 4)
+
+        proc = await asyncio.create_subprocess_exec(
+            binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank",
+            preexec_fn=wire_pipes, close_fds=False, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(commands_r)
+        os.close(replies_w)
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=64 * 1024 * 1024)  # screenshots arrive in one message
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
+                                     os.fdopen(replies_r, "rb", 0))
+        writer, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(commands_w, "wb", 0))
+        browser = cls(proc, reader, writer)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+    async def _read(self) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                message = json.loads((await self._reader.readuntil(b"\0"))[:-1])
+                reply = self._replies.pop(message.get("id", -1), None)
+                if reply is not None and not reply.done():
+                    reply.set_result(message)
+                elif "method" in message:
+                    self.events.append(message)
+
+    async def send(self, method: str, params: dict[str, Any] | None = None,
+                   session: str | None = None) -> dict[str, Any]:
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session is not None:
+            message["sessionId"] = session
+        reply = self._replies[self._next_id] = asyncio.get_running_loop().create_future()
+        self._writer.write(json.dumps(message).encode() + b"\0")
+        answer = await asyncio.wait_for(reply, TIMEOUT)
+        if "error" in answer:
+            raise RuntimeError(f"{method}: {answer['error']}")
+        return dict(answer["result"])
+
+    async def open(self, url: str, width: int = 1280, height: int = 900) -> Page:
+        target = await self.send("Target.createTarget", {"url": "about:blank"})
+        attached = await self.send("Target.attachToTarget",
+                                   {"targetId": target["targetId"], "flatten": True})
+        page = Page(self, attached["sessionId"])
+        for domain in ("Page", "Runtime", "Log"):
+            await page.send(f"{domain}.enable")
+        await page.send("Emulation.setDeviceMetricsOverride",
+                        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        await page.send("Page.navigate", {"url": url})
+        return page
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.send("Browser.close"), 10)
+        try:
+            await asyncio.wait_for(self.proc.wait(), 20)
+        except TimeoutError:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group this test started, nothing else
+            await asyncio.wait_for(self.proc.wait(), 20)
+        self._pump.cancel()
+        self._writer.close()
+
+
+class Page:
+    def __init__(self, browser: Browser, session: str) -> None:
+        self.browser, self.session = browser, session
+
+    async def send(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self.browser.send(method, params, self.session)
+
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.send("Runtime.evaluate",
+                                 {"expression": expression, "returnByValue": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"page script failed: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def wait_for(self, condition: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """Polls the page's state until ``condition`` holds; the last state on timeout."""
+        state: dict[str, Any] = {}
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                while not condition(state := await self.evaluate(PAGE_STATE) or {}):  # noqa: ASYNC110
+                    await asyncio.sleep(0.1)  # polling another process's DOM
+        except TimeoutError:
+            raise AssertionError(f"the page never got there; it shows {state}") from None
+        return state
+
+    async def screenshot(self, path: Path, *, full_page: bool = False) -> None:
+        if full_page:
+            metrics = await self.send("Page.getLayoutMetrics")
+            height = int(metrics["cssContentSize"]["height"])
+            await self.send("Emulation.setDeviceMetricsOverride",
+                            {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        shot = await self.send("Page.captureScreenshot", {"format": "png"})
+        await asyncio.to_thread(write_png, path, base64.b64decode(shot["data"]))
+
+    def errors(self) -> list[dict[str, Any]]:
+        """Uncaught exceptions and error-level log entries (CSP refusals among them)."""
+        return [e for e in self.browser.events if e.get("sessionId") == self.session and (
+            e["method"] == "Runtime.exceptionThrown"
+            or (e["method"] == "Log.entryAdded" and e["params"]["entry"]["level"] == "error"))]
+
+
+def write_png(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+PAGE_STATE = """(() => {
+  const all = (s) => [...document.querySelectorAll(s)];
+  const text = (id) => (document.getElementById(id) || {}).textContent || "";
+  return {
+    ready: document.readyState === "complete",
+    turns: all('#timeline [data-kind="turn"]').length,
+    turnCount: text("turn-count"),
+    rounds: all('#timeline [data-kind="round"]').map((n) => n.firstChild.textContent),
+    verdicts: all('#timeline [data-kind="verdict"]').length,
+    finals: all('#timeline [data-kind="final"]').length,
+    phiNotes: all('#timeline [data-kind="phi"]').length,
+    speakers: all('#timeline [data-kind="turn"] .who').map((n) => n.textContent),
+    turnTexts: all('#timeline [data-kind="turn"] .text').map((n) => n.textContent),
+    verdictTexts: all('#timeline [data-kind="verdict"]').map((n) => n.textContent),
+    status: text("status"), topic: text("topic"), tokens: text("tokens"), phi: text("phi"),
+    markup: all("#debate b, #debate i, #debate img, #debate script").length,
+    pwned: window.pwned === 1 || document.title === "pwned",
+    listed: all("#debates a").map((a) => a.dataset.id),
+    listedStatus: (document.querySelector("#debates a.selected .badge") || {}).textContent || "",
+  };
+})()"""
+
+TOPIC = 'Tabs <b>or</b> spaces? <img src=x onerror="document.title=\'pwned\'">'
+CRITIC_SAYS = "<script>window.pwned = 1</script><b>not bold</b> & still text"
+
+
+class Holds:
+    """Keeps the worker before the first turn of the given rounds until the test lets it go, so
+    the page is seen mid-debate whatever the machine's speed."""
+
+    def __init__(self, *rounds: int) -> None:
+        self.gates = {number: asyncio.Event() for number in rounds}
+
+    def release(self, number: int) -> None:
+        self.gates[number].set()
+
+    async def answer(self, request: LLMRequest) -> Any:
+        gate = self.gates.get(request.round)
+        if gate is not None and request.speaker == "optimist":
+            await gate.wait()
+        await asyncio.sleep(0.4)  # a slow model: turns arrive one by one
+        if request.purpose == "judge":
+            return {"consensus": request.round >= 3, "summary": f"<i>after</i> round {request.round}",
+                    "winner": "critic" if request.round >= 3 else None}
+        if request.speaker == "critic":
+            return f"critic, round {request.round}: {CRITIC_SAYS}"
+        return f"{request.speaker}, round {request.round}: a considered view"
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+async def test_page_shows_a_debate_arriving_live_in_chromium(redis_server: Any, tmp_path: Path) -> None:
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/bootstrap.sh test installs it)")
+    url, suffix = redis_server.url, uuid.uuid4().hex[:8]
+    event_type, events_topic = f"debate:request{suffix}", f"debate:events{suffix}"
+    request_id = f"web-{suffix}"
+    holds = Holds(2, 3)
+    worker = DebateBus(url, publish_events=True, events_topic=events_topic,
+                       transport_options=transport_options(url))
+    worker.subscribe(event_type, make_debate(FunctionLLM(holds.answer), max_rounds=3).as_handler())
+    web = create_app(url, events_topic=events_topic)
+
+    async with serving(web) as base, running(worker), BusClient(url) as client, \
+            Browser.launch(CHROMIUM, tmp_path / "profile") as browser:
+        results = await client.transport.subscribe([completed_topic(event_type)])
+        await client.publish(event_type, {"input": TOPIC}, request_id=request_id)
+        page = await browser.open(f"{base}/#debate={request_id}")
+
+        round_one = await page.wait_for(lambda s: s.get("turns") == 2 and s["verdicts"] == 1)
+        await asyncio.sleep(0.5)  # the worker is held: nothing more can arrive
+        held = await page.evaluate(PAGE_STATE)
+        await page.screenshot(ARTIFACTS / "web-live-debate-round-1.png")
+        holds.release(2)
+        round_two = await page.wait_for(lambda s: s.get("turns") == 4 and s["verdicts"] == 2)
+        holds.release(3)
+        final = await page.wait_for(
+            lambda s: s.get("finals") == 1 and s["listedStatus"] == "completed" and s["phi"] != "–")
+        await page.screenshot(ARTIFACTS / "web-live-debate.png", full_page=True)
+        result = msgspec.json.decode((await asyncio.wait_for(anext(results), TIMEOUT)).body)
+        errors = page.errors()
+
+    assert (round_one["status"], round_one["finals"], round_one["turnCount"]) == ("running", 0, "2")
+    assert (held["turns"], held["finals"]) == (2, 0)
+    assert round_two["finals"] == 0
+    assert (final["turns"], final["turnCount"]) == (6, "6")
+    assert final["speakers"] == ["optimist", "critic"] * 3
+    assert final["rounds"] == ["Round 1", "Round 2", "Round 3"]
+    assert (final["verdicts"], final["status"]) == (3, "completed")
+    assert request_id in final["listed"]
+
+    payload = result["payload"]
+    assert (payload["debateStatus"], payload["debateRounds"]) == ("completed", 3)
+    assert final["tokens"] == f"{payload['debateTokenUsage']['totalTokens']:,}"
+    phi, level = final["phi"].split()
+    assert phi == f"{payload['debatePhiHat']:.2f}"
+    assert level in ("low", "medium", "high")
+    assert final["phiNotes"] == 1
+    assert "consensusyes" in final["verdictTexts"][-1]
+    assert "<i>after</i> round 3" in final["verdictTexts"][-1]
+
+    # Model output and user input are shown as text, never run or rendered as markup.
+    assert final["topic"] == TOPIC
+    assert all(CRITIC_SAYS in text for text in final["turnTexts"][1::2])
+    assert "<i>after</i> round 1" in final["verdictTexts"][0]
+    assert final["markup"] == 0
+    assert not final["pwned"]
+    assert errors == []

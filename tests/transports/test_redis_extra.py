@@ -1,0 +1,344 @@
+"""Redis-only guarantees beyond the contract suite, on a private redis-server.
+
+Clients the project did not write (``redis-cli``, plain redis-py) read and write our wire format;
+a dead consumer's message is taken over with its real delivery count; ack publishes and
+acknowledges in one MULTI (a connection cut before EXEC leaves neither); concurrent acks are
+batched and all land; Synkro's pub/sub wire round-trips; broker failures surface as
+TransportError only. No test asserts on timing: every wait has a generous deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from tests.support.servers import RedisServer, free_port
+from tests.transports.test_contract import Reader
+
+from debatebus.exceptions import TransportError
+from debatebus.transports import transport_from_url
+from debatebus.transports.base import Delivery, Outgoing, dlq_topic
+from debatebus.transports.redis_pubsub import RedisPubSubTransport
+from debatebus.transports.redis_streams import RedisStreamsTransport
+
+pytestmark = [
+    pytest.mark.redis,
+    pytest.mark.skipif(shutil.which("redis-cli") is None, reason="needs redis-cli"),
+]
+
+TIMEOUT = 15.0
+REQUEST = b'{"requestId":"r-1","payload":{"input":"Should we adopt microservices?"}}'
+
+
+@pytest.fixture
+def topic() -> str:
+    return f"debate:{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """Plain redis-py, to look at what our transport left in Redis."""
+    client = Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def streams(redis_server: RedisServer) -> AsyncIterator[RedisStreamsTransport]:
+    async with RedisStreamsTransport(redis_server.url, claim_idle_ms=300, block_ms=100) as t:
+        yield t
+
+
+async def cli(server: RedisServer, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        "redis-cli", "-p", str(server.port), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
+# -- (1) a client the project did not write --------------------------------------------------
+
+async def test_redis_cli_request_is_answered_and_the_result_read_back_by_redis_cli(
+        redis_server: RedisServer, streams: RedisStreamsTransport, topic: str) -> None:
+    results = f"event:{topic}:completed"
+    await cli(redis_server, "XADD", topic, "*", "envelope", REQUEST.decode())
+    got = await Reader(streams.consume([topic], group="workers", consumer="w1")).next()
+    assert got.body == REQUEST
+    assert got.deliveries == 1
+    await streams.ack(got, [Outgoing(results, b'{"requestId":"r-1","debateStatus":"completed"}',
+                                     key="r-1", headers={"content-type": "application/json"})])
+    lines = (await cli(redis_server, "XRANGE", results, "-", "+")).splitlines()
+    assert lines[1:] == ["envelope", '{"requestId":"r-1","debateStatus":"completed"}',
+                         "key", "r-1", "headers", '{"content-type":"application/json"}']
+    assert (await cli(redis_server, "XPENDING", topic, "workers")).splitlines()[0] == "0"
+
+
+async def test_dead_letter_fields_as_redis_cli_sees_them(
+        redis_server: RedisServer, streams: RedisStreamsTransport, topic: str) -> None:
+    await cli(redis_server, "XADD", topic, "*", "envelope", "not json at all")
+    got = await Reader(streams.consume([topic], group="workers", consumer="w1")).next()
+    await streams.reject(got, "the body is not JSON: send a JSON envelope")
+    fields = (await cli(redis_server, "XRANGE", dlq_topic(topic), "-", "+")).splitlines()[1:]
+    assert dict(zip(fields[::2], fields[1::2], strict=True)) == {
+        "envelope": "not json at all", "reason": "the body is not JSON: send a JSON envelope",
+        "origin": topic, "originId": got.id, "deliveries": "1"}
+    (dead,) = [d async for d in streams.read_range(dlq_topic(topic))]
+    assert dead.body == b"not json at all"
+    assert dead.headers == {"x-debatebus-reason": "the body is not JSON: send a JSON envelope",
+                            "x-debatebus-origin": topic, "x-debatebus-origin-id": got.id,
+                            "x-debatebus-deliveries": "1"}
+    assert (await cli(redis_server, "XPENDING", topic, "workers")).splitlines()[0] == "0"
+
+
+async def test_foreign_entries_are_delivered_not_crashed_on(
+        redis_server: RedisServer, streams: RedisStreamsTransport, topic: str, raw: Redis) -> None:
+    await raw.xadd(topic, {"envelope": b"\xff\xfe binary"})
+    await raw.xadd(topic, {"data": "no envelope field"})
+    await raw.xadd(topic, {"envelope": b"{}", "headers": b"[not an object"})
+    reader = Reader(streams.consume([topic], group="workers", consumer="w1"))
+    binary, missing, bad_headers = [await reader.next() for _ in range(3)]
+    assert binary.body == b"\xff\xfe binary"
+    assert missing.body == b'{"data":"no envelope field"}'  # every field, for the failure event
+    assert bad_headers.body == b"{}"
+    assert bad_headers.headers == {"x-debatebus-bad-headers": "[not an object"}
+    for delivery in (binary, missing, bad_headers):
+        await streams.ack(delivery)
+
+
+# -- (2) reclaim from a dead consumer ------------------------------------------------------------
+
+async def test_dead_consumers_message_is_reclaimed_with_its_delivery_count(
+        redis_server: RedisServer, streams: RedisStreamsTransport, topic: str, raw: Redis) -> None:
+    await cli(redis_server, "XGROUP", "CREATE", topic, "workers", "0", "MKSTREAM")
+    await cli(redis_server, "XADD", topic, "*", "envelope", REQUEST.decode())
+    # A worker that reads and then dies: the entry sits in its pending list.
+    assert REQUEST.decode() in await cli(redis_server, "XREADGROUP", "GROUP", "workers", "dead",
+                                         "COUNT", "1", "STREAMS", topic, ">")
+    got = await Reader(streams.consume([topic], group="workers", consumer="alive")).next()
+    assert got.body == REQUEST
+    assert got.deliveries == 2
+    (pending,) = await raw.xpending_range(topic, "workers", "-", "+", 10)
+    assert pending["consumer"] == b"alive"
+    await streams.ack(got)
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+
+
+async def test_requeued_message_comes_back_counted(streams: RedisStreamsTransport,
+                                                   topic: str) -> None:
+    await streams.publish(Outgoing(topic, REQUEST))
+    reader = Reader(streams.consume([topic], group="workers", consumer="w1"))
+    first = await reader.next()
+    await streams.reject(first, "busy", requeue=True)
+    again = await reader.next()
+    assert (again.id, again.deliveries) == (first.id, 2)
+    await streams.ack(again)
+
+
+async def test_a_live_consumers_long_work_is_not_taken_over(redis_server: RedisServer,
+                                                             topic: str, raw: Redis) -> None:
+    """The holder refreshes its entries every claim_idle_ms/3, so another consumer polling for
+    several claim periods never sees them (a generous margin: a stall would need > 2/3 of it)."""
+    async with RedisStreamsTransport(redis_server.url, claim_idle_ms=1500, block_ms=100) as holder, \
+            RedisStreamsTransport(redis_server.url, claim_idle_ms=1500, block_ms=100) as other:
+        await holder.publish(Outgoing(topic, REQUEST))
+        held = await Reader(holder.consume([topic], group="workers", consumer="holder")).next()
+        await Reader(other.consume([topic], group="workers", consumer="other")).nothing(5.0)
+        await holder.ack(held)
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+
+
+# -- (3) atomic, batched acks ----------------------------------------------------------------
+
+async def test_concurrent_acks_are_batched_and_all_land(streams: RedisStreamsTransport, topic: str,
+                                                        raw: Redis) -> None:
+    n, results = 200, f"event:{topic}:completed"
+    for i in range(n):
+        await streams.publish(Outgoing(topic, b'{"n":%d}' % i))
+    reader = Reader(streams.consume([topic], group="workers", consumer="w1", prefetch=64))
+    deliveries = [await reader.next() for _ in range(n)]
+    execs_before = await _exec_calls(raw)
+    await asyncio.gather(*(streams.ack(d, [Outgoing(results, d.body)]) for d in deliveries))
+    assert await _exec_calls(raw) - execs_before < 10  # one MULTI/EXEC per loop tick, not per ack
+    assert await raw.xlen(results) == n
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+    entries: Any = await raw.xrange(results)
+    bodies = sorted(fields[b"envelope"] for _, fields in entries)
+    assert bodies == sorted(d.body for d in deliveries)
+
+
+async def _exec_calls(raw: Redis) -> int:
+    stats = await raw.info("commandstats")
+    return int(stats.get("cmdstat_exec", {}).get("calls", 0))
+
+
+class CutBeforeExec:
+    """A TCP proxy to Redis that, once armed, forwards a client's bytes up to (not including) the
+    EXEC of a transaction and then drops the connection: the broken link ``ack`` must survive."""
+
+    EXEC = b"*1\r\n$4\r\nEXEC\r\n"
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.armed = False
+        self.cut = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"redis://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/0"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.port)
+        back = asyncio.create_task(self._pipe(server_r, client_w))
+        try:
+            while data := await client_r.read(65536):
+                if self.armed and self.EXEC in data:
+                    self.armed = False
+                    server_w.write(data[:data.index(self.EXEC)])
+                    await server_w.drain()
+                    self.cut.set()
+                    break
+                server_w.write(data)
+                await server_w.drain()
+        finally:
+            back.cancel()
+            for writer in (server_w, client_w):
+                writer.close()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+
+
+async def test_connection_cut_before_exec_publishes_nothing_and_acks_nothing(
+        redis_server: RedisServer, topic: str, raw: Redis) -> None:
+    results = f"event:{topic}:completed"
+    proxy = CutBeforeExec(redis_server.port)
+    async with proxy as url, RedisStreamsTransport(url, claim_idle_ms=60_000, block_ms=100) as t:
+        await t.publish(Outgoing(topic, REQUEST))
+        got = await Reader(t.consume([topic], group="workers", consumer="w1")).next()
+        proxy.armed = True
+        with pytest.raises(TransportError) as failure:
+            await t.ack(got, [Outgoing(results, b'{"result":1}')])
+        assert proxy.cut.is_set()
+        assert isinstance(failure.value.__cause__, RedisError | OSError)
+        assert await raw.xlen(results) == 0  # the result was not published without the ack…
+        assert (await raw.xpending(topic, "workers"))["pending"] == 1  # …nor the ack made
+        await t.ack(got, [Outgoing(results, b'{"result":1}')])  # the next flush gets through
+    assert await raw.xlen(results) == 1
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+
+
+# -- (4) Synkro's pub/sub wire -----------------------------------------------------------------
+
+async def test_synkro_publish_round_trip(redis_server: RedisServer, topic: str,
+                                         raw: Redis) -> None:
+    request = '{"requestId":"r-1","payload":{"input":"x"}}'
+    results = f"event:{topic}:completed"
+    async with RedisPubSubTransport(redis_server.url) as t:
+        listener = raw.pubsub()
+        await listener.subscribe(results)
+        confirmation: Any = await listener.get_message(timeout=TIMEOUT)
+        assert confirmation["type"] == "subscribe"
+        reader = Reader(t.consume([topic], group="ignored", consumer="w1"))
+        # PUBLISH answers how many subscribers got it: retry until ours is listening.
+        for _ in range(int(TIMEOUT / 0.05)):
+            if (await cli(redis_server, "PUBLISH", topic, request)).strip() == "1":
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the consumer never subscribed")
+        got = await reader.next()
+        assert (got.topic, got.body) == (topic, request.encode())
+        await t.ack(got, [Outgoing(results, b'{"requestId":"r-1","debateStatus":"completed"}')])
+        message = await listener.get_message(ignore_subscribe_messages=True, timeout=TIMEOUT)
+        assert message is not None
+        assert message["data"] == b'{"requestId":"r-1","debateStatus":"completed"}'
+        await listener.aclose()  # type: ignore[no-untyped-call]
+
+
+async def test_pubsub_dead_letters_are_kept_in_a_stream(redis_server: RedisServer, topic: str,
+                                                        raw: Redis) -> None:
+    async with RedisPubSubTransport(redis_server.url) as t:
+        subscription = await t.subscribe([topic])
+        await cli(redis_server, "PUBLISH", topic, "not json")
+        got = await Reader(subscription).next()
+        delivery = Delivery(topic, got.body, got.id)
+        await t.reject(delivery, "the body is not JSON")
+    dead: Any = await raw.xrange(dlq_topic(topic))
+    ((_, fields),) = dead
+    assert fields[b"envelope"] == b"not json"
+    assert fields[b"reason"] == b"the body is not JSON"
+
+
+# -- (5) failures are TransportError, never a redis exception --------------------------------
+
+@pytest.mark.parametrize("scheme", ["redis", "redis+pubsub"])
+async def test_unreachable_redis_raises_transport_error_naming_the_fix(scheme: str) -> None:
+    port = free_port()
+    t = transport_from_url(f"{scheme}://127.0.0.1:{port}/0", connect_timeout=2.0)
+    with pytest.raises(TransportError) as failure:
+        await asyncio.wait_for(t.connect(), 30)
+    assert f"127.0.0.1:{port}" in str(failure.value)
+    assert "redis-server running" in str(failure.value)
+    assert isinstance(failure.value.__cause__, RedisError | OSError)
+    await t.close()
+
+
+async def test_redis_going_away_raises_transport_error() -> None:
+    server = RedisServer.start(appendonly=False)
+    try:
+        async with RedisStreamsTransport(server.url, block_ms=100, connect_timeout=2.0) as t:
+            await t.publish(Outgoing("x:y", b"z"))
+            server.stop()
+            with pytest.raises(TransportError) as publishing:
+                await asyncio.wait_for(t.publish(Outgoing("x:y", b"z")), 30)
+
+            async def consume() -> None:
+                async for _ in t.consume(["x:y"], group="g", consumer="c"):
+                    pass
+
+            with pytest.raises(TransportError) as consuming:
+                await asyncio.wait_for(consume(), 30)
+        for failure in (publishing, consuming):
+            assert isinstance(failure.value.__cause__, RedisError | OSError)
+    finally:
+        server.stop()
+
+
+async def test_read_range_pages_through_a_stream(streams: RedisStreamsTransport, topic: str,
+                                                 raw: Redis) -> None:
+    pipe = raw.pipeline(transaction=False)
+    for i in range(1203):
+        pipe.xadd(topic, {"envelope": b"%d" % i})
+    ids = [i.decode() for i in await pipe.execute()]
+    assert [int(d.body) async for d in streams.read_range(topic)] == list(range(1203))
+    assert [d.id async for d in streams.read_range(topic, ids[500], count=3)] == ids[500:503]
+    assert [d.id async for d in streams.read_range(topic, ids[1200])] == ids[1200:]
+
+
+def test_our_command_packer_writes_what_redis_py_writes() -> None:
+    from redis.asyncio.connection import Connection
+
+    from debatebus.transports.redis_common import pack_commands
+
+    commands = [("MULTI",), ("XADD", "debate:é", "MAXLEN", "~", 1000, "*", b"envelope", b"\x00\xff"),
+                ("XACK", "debate:é", "workers", "1-0", "2-0"), ("EXEC",)]
+    expected = b"".join(Connection().pack_commands([list(c) for c in commands]))
+    assert pack_commands(commands) == expected
