@@ -280,3 +280,47 @@ async def test_nonsense_ttls_are_refused(store: CheckpointStore, ttl: float) -> 
         await store.acquire_lease("d1", "w1", ttl)
     with pytest.raises(ConfigError, match="ttl"):
         await store.renew_lease("d1", "w1", ttl)
+
+
+# ---- composite steps (start / append_many / finish) -------------------------------------------
+
+
+async def test_start_on_a_fresh_debate_takes_the_lease_and_writes_the_header(
+        store: CheckpointStore, peer: CheckpointStore) -> None:
+    opening = await store.start("s1", "me", LONG, b"header-1")
+    assert opening.acquired and opening.result is None
+    assert opening.header == b"header-1"
+    assert opening.checkpoint is not None and opening.checkpoint.entries == []
+    other = await peer.start("s1", "you", LONG, b"header-2")
+    assert not other.acquired and other.result is None
+    assert other.lease is not None and other.lease.owner == "me"
+
+
+async def test_start_returns_what_is_committed_and_keeps_the_first_header(
+        store: CheckpointStore) -> None:
+    await store.start("s2", "me", TTL, b"first")
+    await store.append_many("s2", [b"framing", b"round-1"], usage(4))
+    await wait_lease_gone(store, "s2")
+    opening = await store.start("s2", "next", LONG, b"second")
+    assert opening.acquired
+    assert opening.header == b"first"
+    assert opening.checkpoint is not None
+    assert opening.checkpoint.entries == [b"framing", b"round-1"]
+    assert opening.checkpoint.counters == usage(4)
+
+
+async def test_finish_stores_the_result_drops_the_checkpoint_and_frees_the_lease(
+        store: CheckpointStore, peer: CheckpointStore) -> None:
+    await store.start("s3", "me", LONG, b"h")
+    await store.append_many("s3", [b"r1"], usage(3))
+    await store.finish("s3", "me", b"result")
+    assert await store.get_result("s3") == b"result"
+    assert await store.load("s3") is None
+    assert await store.get_lease("s3") is None
+    opening = await peer.start("s3", "you", LONG, b"h")
+    assert opening.result == b"result"
+
+
+async def test_append_many_before_start_is_refused(store: CheckpointStore) -> None:
+    with pytest.raises(ConfigError):
+        await store.append_many("never-started", [b"x"], usage(1))

@@ -18,10 +18,11 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, OffsetAndTimestamp, TopicPartition
 from aiokafka.errors import KafkaError
 from tests.support.servers import TansuServer, free_port
 from tests.transports.test_contract import Reader
@@ -335,7 +336,7 @@ async def test_read_range_by_offsets_and_by_time(make: Callable[..., KafkaTransp
         await t.ensure_topics([topic])
         for i in range(5):
             await t.publish(Outgoing(topic, f"m{i}".encode()))
-        by_offset = [d.body async for d in t.read_range(topic, 1, 4)]
+        by_offset = [d.body async for d in t.read_range(topic, 1, 3)]  # inclusive, like XRANGE
         assert by_offset == [b"m1", b"m2", b"m3"]
         assert [d.body async for d in t.read_range(topic)] == [f"m{i}".encode() for i in range(5)]
 
@@ -346,6 +347,37 @@ async def test_read_range_by_offsets_and_by_time(make: Callable[..., KafkaTransp
         assert [d.body async for d in t.read_range(topic, since)] == [b"late"]
         before = since - timedelta(hours=1)
         assert len([d async for d in t.read_range(topic, before, since)]) == 5
+
+
+class TimeIndex:
+    """A reader over one partition whose timestamps are ``stamps`` and whose time index answers
+    ``answer`` (an offset, or None for "no record that late"), right or wrong."""
+
+    def __init__(self, stamps: list[int], answer: int | None) -> None:
+        self.stamps, self.answer, self.at = stamps, answer, 0
+
+    async def offsets_for_times(self, query: dict[TopicPartition, int]) -> dict[Any, Any]:
+        hit = None if self.answer is None else OffsetAndTimestamp(self.answer, 0)
+        return {tp: hit for tp in query}
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.at = offset
+
+    async def getmany(self, tp: TopicPartition, timeout_ms: int = 0) -> dict[Any, Any]:
+        return {tp: [SimpleNamespace(offset=self.at, timestamp=self.stamps[self.at])]}
+
+
+@pytest.mark.parametrize(("answer", "at", "start"), [
+    (1, 150, 1),  # right: the record before is older, so start there
+    (3, 150, 0),  # too late (Tansu): record 2 is not older than 150, so scan from the start
+    (None, 500, 4),  # nothing that late, and the last record agrees: nothing to read
+    (None, 250, 0),  # "nothing that late", but the last record is later: scan from the start
+])
+async def test_time_index_answers_are_checked(answer: int | None, at: int, start: int) -> None:
+    tp = TopicPartition("t", 0)
+    t = KafkaTransport("127.0.0.1:1")  # never connects: the reader is a stand-in
+    reader = TimeIndex([100, 200, 300, 400], answer)
+    assert await t._time_starts(reader, [tp], at, {tp: 0}, {tp: 4}) == {tp: start}
 
 
 # -- unreachable brokers -------------------------------------------------------------------------

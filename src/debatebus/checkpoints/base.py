@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-__all__ = ["CheckpointStore", "Counters", "Lease", "StoredCheckpoint"]
+__all__ = ["CheckpointStore", "Counters", "Lease", "Opening", "StoredCheckpoint"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,18 @@ class StoredCheckpoint:
 class Lease:
     owner: str
     expires_in_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Opening:
+    """What ``start`` found: the stored result of a finished debate; or, when the lease was
+    taken, the header now stored and the committed checkpoint; or the live lease of another."""
+
+    result: bytes | None = None
+    acquired: bool = False
+    header: bytes | None = None
+    checkpoint: StoredCheckpoint | None = None
+    lease: Lease | None = None
 
 
 class CheckpointStore(abc.ABC):
@@ -90,6 +102,34 @@ class CheckpointStore(abc.ABC):
     @abc.abstractmethod
     async def has_results(self, debate_ids: list[str]) -> list[bool]:
         """For each id, whether a final result is stored (one round trip, for ops replay)."""
+
+    # ---- composite steps (one round trip each where the store can) ---------------------------
+
+    async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes) -> Opening:
+        """A delivery's first step: the result if the debate finished; else take the lease and
+        write the header if absent, returning what is committed; else who holds the lease."""
+        result = await self.get_result(debate_id)
+        if result is not None:
+            return Opening(result=result)
+        if not await self.acquire_lease(debate_id, owner, ttl_s):
+            return Opening(lease=await self.get_lease(debate_id))
+        result = await self.get_result(debate_id)  # finished just before we took the lease
+        if result is not None:
+            return Opening(result=result, acquired=True)
+        first = await self.begin(debate_id, header)
+        return Opening(acquired=True, header=first, checkpoint=await self.load(debate_id))
+
+    async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
+        """Append several entries (e.g. the framing with round 1); the counters after the last."""
+        count = 0
+        for entry in entries:
+            count = await self.append(debate_id, entry, counters)
+        return count
+
+    async def finish(self, debate_id: str, owner: str, result: bytes) -> None:
+        """Store the final result and release our lease."""
+        await self.put_result(debate_id, result)
+        await self.release_lease(debate_id, owner)
 
     # ---- leases -------------------------------------------------------------------------------
 

@@ -18,8 +18,15 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from debatebus.checkpoints._autopipeline import AutoPipeline
 from debatebus.checkpoints._common import lease_ttl_ms, not_begun, result_ttl_ms
-from debatebus.checkpoints.base import CheckpointStore, Counters, Lease, StoredCheckpoint
+from debatebus.checkpoints.base import (
+    CheckpointStore,
+    Counters,
+    Lease,
+    Opening,
+    StoredCheckpoint,
+)
 from debatebus.transports.redis_common import (
     build_client,
     check_client,
@@ -53,6 +60,32 @@ if current == ARGV[1] then
 end
 return 0
 """
+# start(): result if finished; else take (or extend our own) lease, write the header if absent and
+# return what is committed; else report the other owner's lease. One round trip per delivery.
+_START = """
+local result = redis.call('GET', KEYS[1])
+if result then return {1, result} end
+local current = redis.call('GET', KEYS[2])
+if current and current ~= ARGV[1] then return {2, current, redis.call('PTTL', KEYS[2])} end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+redis.call('HSETNX', KEYS[3], 'header', ARGV[3])
+return {0, redis.call('HGETALL', KEYS[3]), redis.call('LRANGE', KEYS[4], 0, -1)}
+"""
+_APPEND_MANY = """
+if redis.call('HEXISTS', KEYS[1], 'header') == 0 then return -1 end
+local n = redis.call('RPUSH', KEYS[2], unpack(ARGV, 5))
+redis.call('HSET', KEYS[1], 'prompt_tokens', ARGV[1], 'completion_tokens', ARGV[2],
+           'total_tokens', ARGV[3], 'calls', ARGV[4])
+return n
+"""
+# finish(): the result, the checkpoint it supersedes gone, and our lease released, atomically.
+_FINISH = """
+if ARGV[3] == '' then redis.call('SET', KEYS[1], ARGV[1])
+else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3]) end
+redis.call('DEL', KEYS[3], KEYS[4])
+if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -71,6 +104,9 @@ class _Scripts:
         self.acquire: AsyncScript = client.register_script(_ACQUIRE)
         self.renew: AsyncScript = client.register_script(_RENEW)
         self.release: AsyncScript = client.register_script(_RELEASE)
+        self.start: AsyncScript = client.register_script(_START)
+        self.append_many: AsyncScript = client.register_script(_APPEND_MANY)
+        self.finish: AsyncScript = client.register_script(_FINISH)
 
 
 class RedisCheckpointStore(CheckpointStore):
@@ -97,6 +133,7 @@ class RedisCheckpointStore(CheckpointStore):
         self._connect_timeout = connect_timeout
         self._where = describe(self._url, self._given)
         self._conn: tuple[Redis, _Scripts] | None = None
+        self._batch: AutoPipeline | None = None
 
     # ---- plumbing -----------------------------------------------------------------------------
 
@@ -118,7 +155,12 @@ class RedisCheckpointStore(CheckpointStore):
             if self._given is None:
                 await client.aclose()
             return self._conn
-        self._conn = (client, _Scripts(client))
+        scripts = _Scripts(client)
+        with map_redis_errors(self._where):  # loaded once: the auto-pipeline sends EVALSHA only
+            for script in (scripts.start, scripts.append_many, scripts.finish, scripts.renew):
+                script.sha = await client.script_load(script.script)
+        self._batch = AutoPipeline(client)
+        self._conn = (client, scripts)
         return self._conn
 
     async def close(self) -> None:
@@ -204,10 +246,19 @@ class RedisCheckpointStore(CheckpointStore):
         return await self._lease_script("acquire", debate_id, owner, lease_ttl_ms(ttl_s))
 
     async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
-        return await self._lease_script("renew", debate_id, owner, lease_ttl_ms(ttl_s))
+        reply = await self._batched("renew", [self._lease_key(debate_id)],
+                                    [owner, lease_ttl_ms(ttl_s)])
+        return bool(reply)
 
     async def release_lease(self, debate_id: str, owner: str) -> None:
         await self._lease_script("release", debate_id, owner)
+
+    async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A hot-path script call, pipelined with every other made in the same loop tick."""
+        _, scripts = await self._client()
+        assert self._batch is not None
+        with map_redis_errors(self._where):
+            return await self._batch.call(getattr(scripts, name), keys, args)
 
     async def _lease_script(
         self, name: Literal["acquire", "renew", "release"], debate_id: str, owner: str, *args: int
@@ -217,6 +268,37 @@ class RedisCheckpointStore(CheckpointStore):
         with map_redis_errors(self._where):
             reply = await script(keys=[self._lease_key(debate_id)], args=[owner, *args])
         return bool(reply)
+
+    # ---- composite steps: one script, one round trip each ---------------------------------------
+
+    def _all_keys(self, debate_id: str) -> list[str]:
+        return [self._result_key(debate_id), self._lease_key(debate_id), *self._keys(debate_id)]
+
+    async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes) -> Opening:
+        reply = await self._batched("start", self._all_keys(debate_id),
+                                    [owner, lease_ttl_ms(ttl_s), header])
+        if reply[0] == 1:
+            return Opening(result=bytes(reply[1]))
+        if reply[0] == 2:
+            holder = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+            return Opening(lease=Lease(holder, max(int(reply[2]), 0) / 1000))
+        flat, entries = reply[1], reply[2]
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
+        counters = Counters(*(int(fields.get(name, 0)) for name in _COUNTER_FIELDS))
+        checkpoint = StoredCheckpoint(bytes(fields[_HEADER]), [bytes(e) for e in entries], counters)
+        return Opening(acquired=True, header=checkpoint.header, checkpoint=checkpoint)
+
+    async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
+        args: list[bytes | int] = [counters.prompt_tokens, counters.completion_tokens,
+                                   counters.total_tokens, counters.calls, *entries]
+        count = int(await self._batched("append_many", list(self._keys(debate_id)), args))
+        if count < 0:
+            raise not_begun(debate_id)
+        return count
+
+    async def finish(self, debate_id: str, owner: str, result: bytes) -> None:
+        ttl: str | int = "" if self._result_ttl_ms is None else self._result_ttl_ms
+        await self._batched("finish", self._all_keys(debate_id), [result, owner, ttl])
 
     async def get_lease(self, debate_id: str) -> Lease | None:
         key = self._lease_key(debate_id)

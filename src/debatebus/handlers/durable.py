@@ -16,7 +16,7 @@ import socket
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from debatebus.checkpoints.base import CheckpointStore
+from debatebus.checkpoints.base import CheckpointStore, Opening
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import Progress
 from debatebus.engine.run import OnEvent
@@ -103,59 +103,78 @@ class DurableRunner:
 
     async def run(self, topic: str, debate_id: str, max_rounds: int | None,
                   request_id: str | None, on_event: OnEvent | None) -> dict[str, Any]:
-        stored = await self.store.get_result(debate_id)
-        if stored is not None:
-            return _replayed(stored)
-        await self._acquire(debate_id)
+        header = self._header(debate_id, topic)
+        opening = await self._open(debate_id, header)
+        if opening.result is not None:
+            if opening.acquired:
+                await self._release(debate_id)
+            return _replayed(opening.result)
+        finished = False
         try:
-            stored = await self.store.get_result(debate_id)  # finished while we waited
-            if stored is not None:
-                return _replayed(stored)
-            progress = await self._restore(debate_id, topic)
+            progress = self._restore(debate_id, topic, header, opening)
             if isinstance(progress, str):
                 return _failure_fields(debate_id, progress)
             fields = await self._run_leased(topic, debate_id, max_rounds, request_id, on_event,
                                             progress)
-            await self.store.put_result(debate_id, encode_result(fields))
+            await self.store.finish(debate_id, self.owner, encode_result(fields))
+            finished = True
             return fields
         finally:
-            with contextlib.suppress(TransportError):
-                await self.store.release_lease(debate_id, self.owner)
+            if not finished:
+                await self._release(debate_id)
 
-    async def _acquire(self, debate_id: str) -> None:
+    async def _open(self, debate_id: str, header: CheckpointHeader) -> Opening:
         """Wait while another live worker holds the debate: never start a second run of it."""
-        ttl = self.keeper.ttl_s
-        while not await self.store.acquire_lease(debate_id, self.owner, ttl):
-            lease = await self.store.get_lease(debate_id)
-            remaining = lease.expires_in_s if lease else 0.0
+        encoded = encode_header(header)
+        while True:
+            opening = await self.store.start(debate_id, self.owner, self.keeper.ttl_s, encoded)
+            if opening.result is not None or opening.acquired:
+                return opening
+            remaining = opening.lease.expires_in_s if opening.lease else 0.0
             await asyncio.sleep(min(max(remaining, 0.05), self.lease_poll_s))
 
-    async def _restore(self, debate_id: str, topic: str) -> Progress | str | None:
-        """Committed progress (None when fresh), or why it can't be resumed."""
-        spec = self.debate.spec
-        header = CheckpointHeader(
-            debate_id=debate_id, debate_name=spec.name,
+    async def _release(self, debate_id: str) -> None:
+        with contextlib.suppress(TransportError):
+            await self.store.release_lease(debate_id, self.owner)
+
+    def _header(self, debate_id: str, topic: str) -> CheckpointHeader:
+        return CheckpointHeader(
+            debate_id=debate_id, debate_name=self.debate.spec.name,
             definition_hash=self.debate.definition_hash, protocol_version=PROTOCOL_VERSION,
             topic=topic, created_at=now_iso(),
         )
-        first = decode_header(await self.store.begin(debate_id, encode_header(header)))
+
+    def _restore(self, debate_id: str, topic: str, header: CheckpointHeader,
+                 opening: Opening) -> Progress | str | None:
+        """Committed progress (None when fresh), or why it can't be resumed."""
+        first = decode_header(opening.header) if opening.header else header
         if first.topic != topic:
             return (f"debate {debate_id!r} was started on another topic ({first.topic[:80]!r}): "
                     'send a new debateId, or "replay": "rerun" to start afresh')
         if first.definition_hash != header.definition_hash and self.debate.drift == "strict":
-            return (f"debate {spec.name!r} changed since debate {debate_id!r} was checkpointed "
-                    f"(definition {first.definition_hash} → {header.definition_hash}): resume with "
-                    "drift='loose', or send \"replay\": \"rerun\" to start afresh")
-        stored = await self.store.load(debate_id)
+            return (f"debate {header.debate_name!r} changed since debate {debate_id!r} was "
+                    f"checkpointed (definition {first.definition_hash} → "
+                    f"{header.definition_hash}): resume with drift='loose', or send "
+                    '"replay": "rerun" to start afresh')
+        stored = opening.checkpoint
         if stored is None or (not stored.entries and stored.counters.calls == 0):
             return None
-        return restore_progress(stored, spec)
+        return restore_progress(stored, self.debate.spec)
 
     async def _run_leased(self, topic: str, debate_id: str, max_rounds: int | None,
                           request_id: str | None, on_event: OnEvent | None,
                           progress: Progress | None) -> dict[str, Any]:
+        framing: list[bytes] = []
+
         async def commit(state: Progress, item: Turn | Round) -> None:
-            await self.store.append(debate_id, encode_entry(item), counters_of(state))
+            # The framing rides with round 1's commit: one round trip fewer per debate, and a
+            # crash in between only costs the framing call again.
+            if isinstance(item, Turn):
+                framing.append(encode_entry(item))
+                return
+            entries = [*framing, encode_entry(item)]
+            framing.clear()
+            await self.store.append_many(debate_id, entries, counters_of(state))
 
         run = asyncio.ensure_future(self.debate.run(
             topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,

@@ -452,6 +452,8 @@ class KafkaTransport(Transport):
 
     durable = True
     atomic_ack = False
+    #: ``read_range`` positions are per-partition offsets (or times), not stream ids.
+    position_kind = "offset"
 
     def __init__(
         self,
@@ -727,12 +729,12 @@ class KafkaTransport(Transport):
         *,
         partitions: Sequence[int] | None = None,
     ) -> AsyncIterator[Delivery]:
-        """Records of ``topic`` from ``start`` (inclusive) to ``end`` (exclusive), for replay.
+        """Records of ``topic`` from ``start`` to ``end``, both inclusive, for ops replay.
 
         Integers are offsets, applied to every partition (restrict with ``partitions``);
-        datetimes are record timestamps (naive ones are local time). Reads up to the end of each
-        partition as it was when called, so a replay that re-publishes to the same topic ends.
-        Nothing is committed; deliveries need no settling.
+        datetimes are record timestamps (naive ones are local time); None is open. Reads up to
+        the end of each partition as it was when called, so a replay that re-publishes to the
+        same topic ends. Partition by partition, not in global order. Nothing to settle.
         """
         name = kafka_topic(topic)
         await self._ensure_exists(name)
@@ -754,7 +756,7 @@ class KafkaTransport(Transport):
                 for record in records:
                     tp = TopicPartition(record.topic, record.partition)
                     if tp in active and record.offset < bounds[tp][1] and \
-                            low <= record.timestamp < high:
+                            low <= record.timestamp <= high:
                         yield _delivery(record, topic)
                 active = {tp for tp in active if await reader.position(tp) < bounds[tp][1]}
         finally:
@@ -770,7 +772,7 @@ class KafkaTransport(Transport):
     async def _bounds(self, reader: AIOKafkaConsumer, tps: list[TopicPartition],
                       start: int | datetime | None, end: int | datetime | None,
                       ) -> dict[TopicPartition, tuple[int, int]]:
-        """Per partition, the offsets [first, stop) to scan."""
+        """Per partition, the offsets [first, stop) to scan; ``end`` is inclusive."""
         with _kafka_errors("reading partition offsets", self.servers):
             begins = await reader.beginning_offsets(tps)
             ends = await reader.end_offsets(tps)
@@ -779,7 +781,7 @@ class KafkaTransport(Transport):
             firsts = await self._time_starts(reader, tps, at, begins, ends)
         else:
             firsts = {tp: max(begins[tp], start or 0) for tp in tps}
-        stops = {tp: min(ends[tp], end) if isinstance(end, int) else ends[tp] for tp in tps}
+        stops = {tp: min(ends[tp], end + 1) if isinstance(end, int) else ends[tp] for tp in tps}
         return {tp: (firsts[tp], stops[tp]) for tp in tps}
 
     async def _time_starts(self, reader: AIOKafkaConsumer, tps: list[TopicPartition], at: int,

@@ -18,11 +18,24 @@ from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+)
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import DataError
 
 from debatebus.exceptions import ConfigError, TransportError
+
+try:
+    import hiredis
+
+    _pack: Any = hiredis.pack_command
+except ImportError:  # hiredis is optional (the redis extra brings it): fall back to redis-py's packer
+    _pack = None
 
 __all__ = [
     "NO_HEADERS",
@@ -45,11 +58,48 @@ Command = tuple[Any, ...]
 AckTarget = tuple[str, str, str]
 
 
+class _HiredisPacking:
+    """Packs commands with hiredis's C packer: redis-py's asyncio connections use a pure-Python
+    packer that costs ~3× more per command, which shows on a bus doing thousands per second."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        if isinstance(args[0], str) and " " in args[0]:
+            args = (*args[0].split(), *args[1:])
+        try:
+            return [_pack(tuple(
+                bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args))]
+        except TypeError as exc:
+            raise DataError(str(exc)) from exc
+
+
+class _FastConnection(_HiredisPacking, Connection):
+    pass
+
+
+class _FastSSLConnection(_HiredisPacking, SSLConnection):
+    pass
+
+
+class _FastUnixConnection(_HiredisPacking, UnixDomainSocketConnection):
+    pass
+
+
+_FAST = {Connection: _FastConnection, SSLConnection: _FastSSLConnection,
+         UnixDomainSocketConnection: _FastUnixConnection}
+
+
+def _use_hiredis_packing(client: Redis) -> None:
+    pool = client.connection_pool
+    fast = _FAST.get(pool.connection_class) if _pack is not None else None
+    if fast is not None:
+        pool.connection_class = fast
+
+
 def build_client(url: str, *, connect_timeout: float) -> Redis:
     """A client for ``url`` with bytes replies (bodies are never decoded) and short retries, so an
     unreachable broker fails in about a second, not after redis-py's default backoff (~7 s)."""
     try:
-        return Redis.from_url(
+        client = Redis.from_url(
             url,
             decode_responses=False,
             socket_connect_timeout=connect_timeout,
@@ -59,6 +109,8 @@ def build_client(url: str, *, connect_timeout: float) -> Redis:
         )
     except ValueError as e:
         raise ConfigError(f"invalid Redis URL {url!r}: {e}") from e
+    _use_hiredis_packing(client)
+    return client
 
 
 def check_client(client: Redis) -> None:
