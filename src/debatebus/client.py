@@ -20,7 +20,7 @@ from debatebus.schemas.envelope import (
 )
 from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
 
-__all__ = ["BusClient"]
+__all__ = ["BusClient", "request_message"]
 
 
 class BusClient:
@@ -43,12 +43,10 @@ class BusClient:
     async def publish(self, event_type: str, payload: Mapping[str, Any], *,
                       request_id: str | None = None, correlation_id: str | None = None,
                       headers: Mapping[str, str] | None = None) -> str:
-        rid = request_id or uuid.uuid4().hex
-        body = ENVELOPE_ENCODER.encode(Envelope(
-            request_id=rid, payload=dict(payload), type=event_type, correlation_id=correlation_id,
-            timestamp=now_iso(), headers=inject_traceparent(headers)))
-        await self.transport.publish(Outgoing(event_type, body, key=rid))
-        return rid
+        message = request_message(event_type, payload, request_id=request_id,
+                                  correlation_id=correlation_id, headers=headers)
+        await self.transport.publish(message)
+        return str(message.key)
 
     async def results(self, event_type: str) -> AsyncIterator[Envelope]:
         """Every result (completed or failed) of ``event_type`` published after this returns."""
@@ -77,6 +75,17 @@ class BusClient:
         finally:
             await subscription.aclose()  # type: ignore[attr-defined]
         raise TransportError(f"the subscription to {topics} ended before request {rid} was answered")
+
+
+def request_message(event_type: str, payload: Mapping[str, Any], *, request_id: str | None = None,
+                    correlation_id: str | None = None,
+                    headers: Mapping[str, str] | None = None) -> Outgoing:
+    """A request envelope ready to publish, carrying the current trace context when there is one."""
+    rid = request_id or uuid.uuid4().hex
+    body = ENVELOPE_ENCODER.encode(Envelope(
+        request_id=rid, payload=dict(payload), type=event_type, correlation_id=correlation_id,
+        timestamp=now_iso(), headers=inject_traceparent(headers)))
+    return Outgoing(event_type, body, key=rid)
 
 
 async def _decoded(deliveries: AsyncIterator[Delivery]) -> AsyncIterator[Envelope]:

@@ -22,6 +22,7 @@ from typing import Any, Self
 
 import msgspec
 
+from debatebus.client import request_message
 from debatebus.engine.run import OnEvent
 from debatebus.exceptions import ConfigError, InputError, LeaseLostError, TransportError
 from debatebus.observability.heartbeat import beat_forever
@@ -184,21 +185,23 @@ class DebateBus:
         with self._signals():
             consumer = asyncio.create_task(self._consume())
             stopper = asyncio.create_task(self._stopping.wait())
-            toucher = asyncio.create_task(self._touch_forever())
-            beater = asyncio.create_task(beat_forever(
-                self.transport, self.group, self.consumer, self.heartbeat_interval_s,
-                lambda: len(self._inflight))) if self.heartbeat_interval_s else None
-            await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            consumer.cancel()
-            stopper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await consumer
-            if consumer.done() and not consumer.cancelled() and consumer.exception():
-                raise consumer.exception()  # type: ignore[misc]
-            await self._drain()
-            toucher.cancel()
-            if beater is not None:
-                beater.cancel()
+            background = [asyncio.create_task(self._touch_forever())]
+            if self.heartbeat_interval_s:
+                background.append(asyncio.create_task(beat_forever(
+                    self.transport, self.group, self.consumer, self.heartbeat_interval_s,
+                    lambda: len(self._inflight))))
+            try:
+                await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+                consumer.cancel()
+                await asyncio.gather(consumer, return_exceptions=True)
+                failure = None if consumer.cancelled() else consumer.exception()
+                await self._drain()  # even when consuming broke: finish what is in flight
+                if failure is not None:
+                    raise failure
+            finally:
+                for task in background:
+                    task.cancel()
 
     @contextlib.contextmanager
     def _signals(self) -> Any:
@@ -375,12 +378,10 @@ class DebateBus:
                       headers: Mapping[str, str] | None = None) -> str:
         """Publish a request envelope; returns its requestId."""
         await self.connect()
-        rid = request_id or uuid.uuid4().hex
-        body = ENVELOPE_ENCODER.encode(Envelope(
-            request_id=rid, payload=dict(payload), type=event_type, correlation_id=correlation_id,
-            timestamp=now_iso(), headers=dict(headers or {})))
-        await self.transport.publish(Outgoing(event_type, body, key=rid))
-        return rid
+        message = request_message(event_type, payload, request_id=request_id,
+                                  correlation_id=correlation_id, headers=headers)
+        await self.transport.publish(message)
+        return str(message.key)
 
 
 def _decode_reason(exc: Exception) -> str:
