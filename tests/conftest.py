@@ -6,7 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
+import debatebus.llm
 from tests.support.servers import RedisServer, TansuServer
+
+# No test may reach a paid provider: OpenAI/Anthropic clients refuse their public endpoints.
+debatebus.llm.ALLOW_MODEL_REQUESTS = False
 
 
 @pytest.fixture(scope="session")

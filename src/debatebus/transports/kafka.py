@@ -85,6 +85,7 @@ _DLQ_HEADERS: Final = frozenset({REASON_HEADER, ORIGIN_HEADER, ORIGIN_PARTITION_
                                  ORIGIN_OFFSET_HEADER})
 
 _POLL_MS: Final = 200  # how long one getmany waits when idle; bounds the fetch loop's reaction time
+_ASSIGNMENT_WATCH_S: Final = 60
 _LEGAL_TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _KAFKA_ERRORS: Final = (KafkaError, ConsumerStoppedError, IllegalOperation)
 
@@ -256,6 +257,7 @@ class _Member:
         self.stopped = False
         self.paused = False  # a new assignment starts unpaused: the listener resets this
         self._fetcher: asyncio.Task[None] | None = None
+        self._watch: asyncio.TimerHandle | None = None
         self._stopping: asyncio.Future[None] | None = None
         self._commit_lock = asyncio.Lock()
         self._commit_wanted = False
@@ -263,6 +265,17 @@ class _Member:
     def start(self) -> None:
         self.consumer.subscribe(list(self.names), listener=_Listener(self))
         self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"kafka-fetch-{self.group}")
+        self._watch = asyncio.get_running_loop().call_later(_ASSIGNMENT_WATCH_S,
+                                                            self._warn_if_unassigned)
+
+    def _warn_if_unassigned(self) -> None:
+        # A member that never gets partitions just waits, silently; say so once.
+        if not self.stopped and not self.consumer.assignment():
+            logger.warning(
+                "group %s: no partitions assigned after %ds. Normal if the group has more members "
+                "than %s have partitions; otherwise check the broker. (Tansu 0.6 strands a group "
+                "whose leader was the last member to leave: restart it or use a new group id.)",
+                self.group, _ASSIGNMENT_WATCH_S, ", ".join(self.names.values()))
 
     async def next(self) -> Delivery | None:
         while not self.buffer:
@@ -419,6 +432,8 @@ class _Member:
     async def _stop(self) -> None:
         self.stopped = True
         self.ready.set()
+        if self._watch is not None:
+            self._watch.cancel()
         if self._fetcher is not None:
             self._fetcher.cancel()
             await asyncio.gather(self._fetcher, return_exceptions=True)
@@ -511,25 +526,29 @@ class KafkaTransport(Transport):
         await self._ready()
 
     async def _ready(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
-        if self._producer is not None and self._admin is not None:
-            return self._producer, self._admin
-        async with self._connect_lock:
-            if self._producer is None or self._admin is None:
-                producer = AIOKafkaProducer(
-                    bootstrap_servers=self.servers, client_id=self.client_id, acks="all",
-                    enable_idempotence=False, max_request_size=self.max_request_size,
-                    request_timeout_ms=int(self.request_timeout * 1000))
-                await self._start(producer.start, producer.stop, "connecting the producer")
-                admin = AIOKafkaAdminClient(bootstrap_servers=self.servers,
-                                            client_id=self.client_id,
-                                            request_timeout_ms=int(self.request_timeout * 1000))
-                try:
-                    await self._start(admin.start, admin.close, "connecting the admin client")
-                except TransportError:
-                    await _quietly(producer.stop(), "stopping the producer", self.request_timeout)
-                    raise
-                self._producer, self._admin = producer, admin
-            return self._producer, self._admin
+        """The producer and admin client, connecting them on first use."""
+        if self._producer is None or self._admin is None:
+            async with self._connect_lock:
+                if self._producer is None or self._admin is None:
+                    self._producer, self._admin = await self._connect()
+        return self._producer, self._admin
+
+    async def _connect(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
+        timeout_ms = int(self.request_timeout * 1000)
+        # No idempotence: Tansu lacks it; duplicates are handled by request id upstream.
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.servers, client_id=self.client_id, acks="all",
+            enable_idempotence=False, max_request_size=self.max_request_size,
+            request_timeout_ms=timeout_ms)
+        await self._start(producer.start, producer.stop, "connecting the producer")
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.servers, client_id=self.client_id,
+                                    request_timeout_ms=timeout_ms)
+        try:
+            await self._start(admin.start, admin.close, "connecting the admin client")
+        except TransportError:
+            await _quietly(producer.stop(), "stopping the producer", self.request_timeout)
+            raise
+        return producer, admin
 
     async def _start(self, start: Callable[[], Awaitable[Any]],
                      stop: Callable[[], Awaitable[Any]], what: str) -> None:
@@ -554,6 +573,8 @@ class KafkaTransport(Transport):
                              *(self._drop_reader(r) for r in list(self._readers)))
         producer, admin = self._producer, self._admin
         self._producer = self._admin = None
+        self._known.clear()  # a broker restarted meanwhile may have lost them (Tansu's memory://)
+        self._listed = False
         if producer is not None:
             await _quietly(producer.stop(), "flushing the producer", self.request_timeout)
         if admin is not None:
@@ -668,9 +689,9 @@ class KafkaTransport(Transport):
             max_poll_records=prefetch, **self._group_options, **self._fetch_options)
         await self._start(kafka_consumer.start, kafka_consumer.stop, f"joining group {group!r}")
         member = _Member(kafka_consumer, names, group, prefetch, self)
-        member.start()
         self._members.add(member)
         try:
+            member.start()
             while (delivery := await member.next()) is not None:
                 yield delivery
         finally:

@@ -146,6 +146,9 @@ def _explain(error: BaseException, where: str) -> str:
     if isinstance(error, redis_errors.ResponseError) and str(error).startswith("WRONGTYPE"):
         return (f"Redis at {where}: a topic name is already used by a key that is not a stream;"
                 f" rename the topic or delete that key {cause}")
+    if isinstance(error, redis_errors.ResponseError) and str(error).startswith("NOGROUP"):
+        return (f"Redis at {where}: the stream or its consumer group is gone (deleted while in"
+                f" use?); consuming again recreates them {cause}")
     if isinstance(error, redis_errors.ResponseError):
         return (f"Redis at {where} rejected a command: check the server version (Streams consumer"
                 f" groups need Redis >= 6.2) and its memory limit {cause}")

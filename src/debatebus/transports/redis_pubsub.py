@@ -150,6 +150,8 @@ class RedisPubSubTransport(Transport):
                       prefetch: int = 16) -> AsyncIterator[Delivery]:
         """Every message on ``topics`` from now on. ``group``, ``consumer`` and ``prefetch`` are
         ignored: pub/sub has no groups, so every subscriber gets every message."""
+        if not topics:
+            raise ConfigError("consume needs at least one topic")
         await self.connect()
         requeued: deque[Delivery] = deque()
         async for delivery in self._messages(await self._subscribed(topics), topics, requeued):

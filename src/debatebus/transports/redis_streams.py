@@ -148,7 +148,9 @@ class RedisStreamsTransport(Transport):
     """Redis Streams with consumer groups; see the module docstring for the wire format.
 
     ``client``: an existing ``redis.asyncio.Redis`` (built with ``decode_responses=False``) to
-    use instead of building one from ``url``; it is left open by ``close``.
+    use instead of building one from ``url``; it is left open by ``close``, and keeps its own
+    ``socket_timeout`` (redis-py's default is 5 s: keep ``block_ms`` below it).
+    ``command_timeout`` bounds every call but the blocking reads, which get ``block_ms`` more.
     """
 
     durable = True
@@ -288,8 +290,8 @@ class RedisStreamsTransport(Transport):
 
     async def consume(self, topics: Sequence[str], *, group: str, consumer: str,
                       prefetch: int = 16) -> AsyncIterator[Delivery]:
-        if prefetch < 1:
-            raise ConfigError("prefetch must be >= 1")
+        if prefetch < 1 or not topics:
+            raise ConfigError("consume needs at least one topic and prefetch >= 1")
         await self.connect()
         leases = [self._lease(topic, group, consumer) for topic in topics]
         for lease in leases:
