@@ -76,7 +76,8 @@ async def collecting(url: str, event_type: str) -> AsyncIterator[tuple[BusClient
 
 
 def env_for(url: str, event_type: str, tmp_path: Path, **extra: Any) -> dict[str, str]:
-    env = {"DBB_BROKER": url, "DBB_EVENT_TYPE": event_type,
+    # A fresh group per test: Tansu can strand a group whose leader was the last member to leave.
+    env = {"DBB_BROKER": url, "DBB_EVENT_TYPE": event_type, "DBB_GROUP": f"g-{uuid.uuid4().hex[:8]}",
            "DBB_CALLS_LOG": str(tmp_path / "calls.log")}
     env.update({k: str(v) for k, v in extra.items()})
     return env

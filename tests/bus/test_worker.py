@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from typing import Any
 
 import msgspec
@@ -32,6 +33,8 @@ async def warm_up(client: BusClient, event_type: str) -> None:
 
 def app_for(url: str, event_type: str, **options: Any) -> DebateBus:
     handler_options = options.pop("handler_options", {})
+    # A fresh group per app: Tansu can strand a group whose leader was the last member to leave.
+    options.setdefault("group", f"g-{uuid.uuid4().hex[:8]}")
     app = DebateBus(url, transport_options=transport_options(url), **options)
     app.subscribe(event_type, make_debate(**handler_options.pop("debate", {})).as_handler(**handler_options))
     return app

@@ -57,6 +57,7 @@ def app() -> DebateBus:
     url = os.environ["DBB_BROKER"]
     bus = DebateBus(
         url,
+        group=os.environ.get("DBB_GROUP", "debatebus"),
         concurrency=int(os.environ.get("DBB_CONCURRENCY", "8")),
         drain_timeout=float(os.environ.get("DBB_DRAIN_TIMEOUT", "30")),
         touch_interval_s=float(os.environ.get("DBB_TOUCH_S", "0.5")),

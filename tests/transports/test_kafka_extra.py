@@ -97,7 +97,8 @@ def confluent_read_one(bootstrap: str, topic: str, partitions: int) -> Any:
 
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "foreign",
                                          "enable.auto.commit": False})
-    # assign() rather than subscribe(): no group join, which librdkafka makes slow on Tansu.
+    # assign(), not subscribe(): Tansu holds a JoinGroup for about half the session timeout,
+    # which is 45 s by default in librdkafka.
     consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING)
                      for p in range(partitions)])
     try:

@@ -14,13 +14,15 @@ __all__ = ["LLM", "LLMRequest", "LLMResponse", "Message", "model_name"]
 Role = Literal["user", "assistant"]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs 4× more, and a debate builds one request per call.
+# Treat them as immutable all the same.
+@dataclass(slots=True)
 class Message:
     role: Role
     content: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LLMRequest:
     """What a speaker is asked. ``purpose`` and ``speaker`` let fakes and logs tell calls apart."""
 
@@ -41,7 +43,7 @@ class LLMRequest:
         return ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LLMResponse:
     text: str
     structured: BaseModel | None = None

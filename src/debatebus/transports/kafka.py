@@ -210,6 +210,7 @@ class _Partition:
 class _Token:
     tp: TopicPartition
     offset: int
+    raw_key: bytes | None
     raw_headers: RawHeaders
     member: _Member | None = None  # None: from subscribe/read_range, nothing to settle
     partition: _Partition | None = None
@@ -223,7 +224,7 @@ def _delivery(record: Any, event_type: str, member: _Member | None = None,
     tp = TopicPartition(record.topic, record.partition)
     return Delivery(event_type, record.value or b"", f"{record.partition}:{record.offset}",
                     _deliveries(headers), key, headers,
-                    token=_Token(tp, record.offset, raw, member, partition))
+                    token=_Token(tp, record.offset, record.key, raw, member, partition))
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka has no type hints
@@ -655,18 +656,8 @@ class KafkaTransport(Transport):
         """``requeue``: Kafka cannot redeliver one record, so append a copy to the same topic
         with the delivery count raised. Otherwise copy it to ``{topic}:dlq`` with the reason."""
         token = _token_of(delivery)
-        if requeue:
-            headers = [h for h in token.raw_headers if h[0] != DELIVERIES_HEADER]
-            headers.append((DELIVERIES_HEADER, str(delivery.deliveries + 1).encode()))
-            topic = token.tp.topic
-        else:
-            headers = [h for h in token.raw_headers if h[0] not in _DLQ_HEADERS]
-            headers += [(REASON_HEADER, reason.encode()), (ORIGIN_HEADER, delivery.topic.encode()),
-                        (ORIGIN_PARTITION_HEADER, str(token.tp.partition).encode()),
-                        (ORIGIN_OFFSET_HEADER, str(token.offset).encode())]
-            topic = kafka_topic(dlq_topic(delivery.topic))
-        key = delivery.key.encode() if delivery.key is not None else None
-        await self._send([_Record(topic, delivery.body, key, tuple(headers))])
+        copy = _requeued(delivery, token) if requeue else _dead_letter(delivery, token, reason)
+        await self._send([copy])
         await self._settle(token)
 
     async def _settle(self, token: _Token) -> None:
@@ -868,6 +859,21 @@ class _Subscription:
 
     async def aclose(self) -> None:
         await self._transport._drop_reader(self._reader)
+
+
+def _requeued(delivery: Delivery, token: _Token) -> _Record:
+    headers = [h for h in token.raw_headers if h[0] != DELIVERIES_HEADER]
+    headers.append((DELIVERIES_HEADER, str(delivery.deliveries + 1).encode()))
+    return _Record(token.tp.topic, delivery.body, token.raw_key, tuple(headers))
+
+
+def _dead_letter(delivery: Delivery, token: _Token, reason: str) -> _Record:
+    headers = [h for h in token.raw_headers if h[0] not in _DLQ_HEADERS]
+    headers += [(REASON_HEADER, reason.encode()), (ORIGIN_HEADER, delivery.topic.encode()),
+                (ORIGIN_PARTITION_HEADER, str(token.tp.partition).encode()),
+                (ORIGIN_OFFSET_HEADER, str(token.offset).encode())]
+    topic = kafka_topic(dlq_topic(delivery.topic))
+    return _Record(topic, delivery.body, token.raw_key, tuple(headers))
 
 
 def _millis(moment: int | datetime | None, unbounded: float) -> float:
