@@ -50,7 +50,10 @@ def debatebus_app() -> Any:
         from debatebus.checkpoints import store_from_url
 
         options["store"] = store_from_url(os.environ["BENCH_STORE"], prefix="bench")
-    bus = DebateBus(url, concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")))
+    # Tansu answers a fetch only when its wait expires, never when data arrives: wait little.
+    transport = {"fetch_max_wait_ms": 5} if url.startswith("kafka://") else {}
+    bus = DebateBus(url, concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")),
+                    transport_options=transport)
     bus.subscribe(REQUESTS, instant_debate().as_handler(**options))
     return bus
 
@@ -98,7 +101,8 @@ async def raw_kafka_worker(bootstrap: str) -> None:
 
     name = REQUESTS.replace(":", ".")
     consumer = AIOKafkaConsumer(name, bootstrap_servers=bootstrap, group_id="raw",
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                fetch_max_wait_ms=5)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False)
     await consumer.start()
     await producer.start()

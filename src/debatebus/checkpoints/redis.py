@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
-from debatebus.checkpoints._autopipeline import AutoPipeline
 from debatebus.checkpoints._common import lease_ttl_ms, not_begun, result_ttl_ms
 from debatebus.checkpoints.base import (
     CheckpointStore,
@@ -27,7 +27,9 @@ from debatebus.checkpoints.base import (
     Opening,
     StoredCheckpoint,
 )
+from debatebus.exceptions import TransportError
 from debatebus.transports.redis_common import (
+    CommandBatcher,
     build_client,
     check_client,
     describe,
@@ -133,7 +135,7 @@ class RedisCheckpointStore(CheckpointStore):
         self._connect_timeout = connect_timeout
         self._where = describe(self._url, self._given)
         self._conn: tuple[Redis, _Scripts] | None = None
-        self._batch: AutoPipeline | None = None
+        self._batch: CommandBatcher | None = None
 
     # ---- plumbing -----------------------------------------------------------------------------
 
@@ -156,14 +158,23 @@ class RedisCheckpointStore(CheckpointStore):
                 await client.aclose()
             return self._conn
         scripts = _Scripts(client)
-        with map_redis_errors(self._where):  # loaded once: the auto-pipeline sends EVALSHA only
-            for script in (scripts.start, scripts.append_many, scripts.finish, scripts.renew):
-                script.sha = await client.script_load(script.script)
-        self._batch = AutoPipeline(client)
+        await self._load_scripts(client, scripts)
+        # The hot-path scripts go through the transports' batcher: every call made by any debate
+        # in one loop tick is one pipelined round trip.
+        self._batch = CommandBatcher(client, self._where, transaction=False, timeout=30.0)
+        self._batch.start()
         self._conn = (client, scripts)
         return self._conn
 
+    async def _load_scripts(self, client: Redis, scripts: _Scripts) -> None:
+        with map_redis_errors(self._where):  # batched calls send EVALSHA only
+            for script in (scripts.start, scripts.append_many, scripts.finish, scripts.renew):
+                script.sha = await client.script_load(script.script)
+
     async def close(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            await batch.stop()
         conn, self._conn = self._conn, None
         if conn is not None and self._given is None:
             await conn[0].aclose()
@@ -255,10 +266,17 @@ class RedisCheckpointStore(CheckpointStore):
 
     async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """A hot-path script call, pipelined with every other made in the same loop tick."""
-        _, scripts = await self._client()
+        client, scripts = await self._client()
         assert self._batch is not None
-        with map_redis_errors(self._where):
-            return await self._batch.call(getattr(scripts, name), keys, args)
+        command = ("EVALSHA", getattr(scripts, name).sha, len(keys), *keys, *args)
+        try:
+            [reply] = await self._batch.submit([command])
+        except TransportError as exc:
+            if not isinstance(exc.__cause__, NoScriptError):
+                raise
+            await self._load_scripts(client, scripts)  # Redis restarted and forgot them
+            [reply] = await self._batch.submit([command])
+        return reply
 
     async def _lease_script(
         self, name: Literal["acquire", "renew", "release"], debate_id: str, owner: str, *args: int

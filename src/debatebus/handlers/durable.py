@@ -176,19 +176,23 @@ class DurableRunner:
             framing.clear()
             await self.store.append_many(debate_id, entries, counters_of(state))
 
-        run = asyncio.ensure_future(self.debate.run(
-            topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,
-            resume=progress, on_commit=commit, request_id=request_id))
-        self.keeper.track(debate_id, run)
+        # The keeper cancels this very task if the lease is lost: cheaper than a child task per
+        # debate, and uncancel() tells a lost lease from a shutdown.
+        task = asyncio.current_task()
+        assert task is not None
+        self.keeper.track(debate_id, task)
+        lost = LeaseLostError(
+            f"lost the lease on debate {debate_id!r}: another worker may resume it")
         try:
-            result = await run
+            result = await self.debate.run(
+                topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,
+                resume=progress, on_commit=commit, request_id=request_id)
         except asyncio.CancelledError:
-            if self.keeper.untrack(debate_id):
-                raise LeaseLostError(
-                    f"lost the lease on debate {debate_id!r}: another worker may resume it"
-                ) from None
+            if self.keeper.untrack(debate_id) and task.uncancel() == 0:
+                raise lost from None
             raise
-        self.keeper.untrack(debate_id)
+        if self.keeper.untrack(debate_id):  # lost as the debate ended: don't publish it
+            raise lost
         return result_fields(result)
 
 

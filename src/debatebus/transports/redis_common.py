@@ -188,9 +188,19 @@ def _bulk(arg: Any) -> bytes:
     return str(arg).encode()
 
 
+def _packed(command: Command) -> bytes:
+    try:
+        return bytes(_pack(tuple(command)))
+    except TypeError:  # hiredis takes no bytearray: copy those (rare) arguments
+        return bytes(_pack(tuple(bytes(a) if isinstance(a, bytearray) else a for a in command)))
+
+
 def pack_commands(commands: Iterable[Command]) -> bytes:
     """RESP-encode ``commands`` into one buffer: what redis-py's packer does, without its per-
-    argument encoder lookups, which cost more than the network here."""
+    argument encoder lookups, which cost more than the network here (hiredis's C packer when it
+    is installed, a Python one otherwise)."""
+    if _pack is not None:
+        return b"".join([_packed(command) for command in commands])
     out = bytearray()
     for command in commands:
         out += b"*%d\r\n" % len(command)
