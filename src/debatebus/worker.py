@@ -36,6 +36,7 @@ from debatebus.schemas.envelope import (
     now_iso,
 )
 from debatebus.schemas.events import DebateEvent
+from debatebus.schemas.results import failure_fields
 from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
 
 __all__ = ["DEFAULT_GROUP", "EVENTS_TOPIC", "DebateBus", "Handler"]
@@ -64,15 +65,9 @@ def _accepts_context(handler: Handler) -> bool:
 
 
 def _failure_payload(payload: Mapping[str, Any], request_id: str, error: str) -> dict[str, Any]:
-    return {
-        **payload,
-        "debateId": payload.get("debateId") if isinstance(payload.get("debateId"), str) else request_id,
-        "debateStatus": "failed",
-        "debateError": error,
-        "debateRounds": 0,
-        "debateOutput": "",
-        "debateTokenUsage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0},
-    }
+    debate_id = payload.get("debateId")
+    return {**payload, **failure_fields(debate_id if isinstance(debate_id, str) else request_id,
+                                        error)}
 
 
 def _lenient_request_id(body: bytes) -> tuple[str | None, dict[str, Any]]:

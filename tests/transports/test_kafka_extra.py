@@ -37,9 +37,10 @@ from debatebus.transports.kafka import (
     REASON_HEADER,
     SCHEMA_HEADER,
     KafkaTransport,
-    _Partition,
     kafka_topic,
 )
+from debatebus.transports.kafka_group import _Partition
+from debatebus.transports.kafka_readers import _time_starts
 
 pytestmark = pytest.mark.kafka
 
@@ -378,7 +379,9 @@ async def test_time_index_answers_are_checked(answer: int | None, at: int, start
     tp = TopicPartition("t", 0)
     t = KafkaTransport("127.0.0.1:1")  # never connects: the reader is a stand-in
     reader = TimeIndex([100, 200, 300, 400], answer)
-    assert await t._time_starts(reader, [tp], at, {tp: 0}, {tp: 4}) == {tp: start}
+    starts = await _time_starts(reader, [tp], at, {tp: 0}, {tp: 4}, servers=t.servers,
+                                timeout=t.request_timeout)
+    assert starts == {tp: start}
 
 
 # -- unreachable brokers -------------------------------------------------------------------------

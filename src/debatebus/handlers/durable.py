@@ -33,7 +33,7 @@ from debatebus.handlers.checkpointing import (
     restore_progress,
 )
 from debatebus.schemas.envelope import now_iso
-from debatebus.schemas.results import result_fields
+from debatebus.schemas.results import failure_fields, result_fields
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
@@ -113,7 +113,7 @@ class DurableRunner:
         try:
             progress = self._restore(debate_id, topic, header, opening)
             if isinstance(progress, str):
-                return _failure_fields(debate_id, progress)
+                return failure_fields(debate_id, progress)
             fields = await self._run_leased(topic, debate_id, max_rounds, request_id, on_event,
                                             progress)
             await self.store.finish(debate_id, self.owner, encode_result(fields))
@@ -200,11 +200,3 @@ def _replayed(stored: bytes) -> dict[str, Any]:
     fields = decode_result(stored)
     fields["debateReplayed"] = True
     return fields
-
-
-def _failure_fields(debate_id: str, error: str) -> dict[str, Any]:
-    return {
-        "debateId": debate_id, "debateStatus": "failed", "debateError": error, "debateRounds": 0,
-        "debateOutput": "", "debateSynthesis": None, "debateReplayed": False,
-        "debateTokenUsage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0},
-    }

@@ -8,8 +8,6 @@ on every Claude model and every Messages-compatible proxy.
 from __future__ import annotations
 
 import json
-import os
-from functools import partial
 from typing import Any
 
 try:
@@ -21,22 +19,13 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     ) from _exc
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError, LLMTimeoutError
-from debatebus.llm.base import LLMRequest, LLMResponse
-from debatebus.llm.retry import (
-    ProviderFailure,
-    Redactor,
-    RetryPolicy,
-    call_with_retries,
-    failure_for_status,
-)
-from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
-from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
+from debatebus.llm.base import LLMRequest
+from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
+from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, failure_for_status
+from debatebus.llm.structured import Completion
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["AnthropicLLM", "map_anthropic_error"]
-
-_PLACEHOLDER_KEY = "not-needed"
-_DETAIL_LIMIT = 300
 
 
 def map_anthropic_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
@@ -48,7 +37,7 @@ def map_anthropic_error(exc: BaseException, *, model: str, base_url: str) -> Pro
     if isinstance(exc, anthropic.APIConnectionError):
         return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
     if isinstance(exc, anthropic.APIStatusError):
-        detail = (exc.api_message or exc.message)[:_DETAIL_LIMIT]
+        detail = (exc.api_message or exc.message)[:DETAIL_LIMIT]
         return failure_for_status(model, exc.status_code, detail, exc, exc.response.headers)
     if isinstance(exc, json.JSONDecodeError):  # the SDK parses a 200 body that isn't JSON
         return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
@@ -91,7 +80,7 @@ def _to_completion(message: Any, model: str) -> Completion:
     return Completion(text, _usage(message), message)
 
 
-class AnthropicLLM:
+class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
     """A Claude model (or any server speaking the Messages API at ``base_url``).
 
     The key comes from ``api_key`` or the SDK's usual sources (``ANTHROPIC_API_KEY``…); a server
@@ -116,46 +105,30 @@ class AnthropicLLM:
             raise ConfigError("AnthropicLLM needs a model name, e.g. 'claude-3-5-haiku-latest'")
         if max_tokens < 1:
             raise ConfigError(f"max_tokens must be at least 1, not {max_tokens}")
-        key = api_key or os.environ.get("ANTHROPIC_API_KEY")
-        if not key and not is_paid_url(base_url or os.environ.get("ANTHROPIC_BASE_URL")):
-            key = _PLACEHOLDER_KEY
-        self._redact = Redactor([key])
+        key = api_key_or_placeholder(
+            api_key,
+            key_env="ANTHROPIC_API_KEY",
+            base_url=base_url,
+            base_url_env="ANTHROPIC_BASE_URL",
+        )
+        redact = Redactor([key])
         try:
-            self._client = anthropic.AsyncAnthropic(
+            client = anthropic.AsyncAnthropic(
                 api_key=key, base_url=base_url, timeout=timeout, max_retries=0
             )
         except (anthropic.AnthropicError, ValueError) as exc:
-            raise ConfigError(self._redact(f"{model}: {exc}")) from None
-        self._model = model
-        self._base_url = str(self._client.base_url)
+            raise ConfigError(redact(f"{model}: {exc}")) from None
+        super().__init__(
+            model,
+            client,
+            redact=redact,
+            map_error=map_anthropic_error,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_policy=retry_policy,
+        )
         self._max_tokens = max_tokens
         self._temperature = temperature
-        self._policy = retry_policy or RetryPolicy(max_retries=max_retries, timeout=timeout)
-        self._classify = partial(map_anthropic_error, model=model, base_url=self._base_url)
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    def __repr__(self) -> str:
-        return f"AnthropicLLM(model={self._model!r}, base_url={self._base_url!r})"
-
-    async def aclose(self) -> None:
-        await self._client.close()
-
-    async def complete(self, request: LLMRequest) -> LLMResponse:
-        check_model_requests_allowed(self._model, self._base_url)
-        if request.response_schema is None:
-            answer = await self._send(request)
-            return LLMResponse(answer.text, None, answer.usage, self._model, answer.raw)
-        prompted = with_json_instructions(request, request.response_schema)
-        return await complete_structured(
-            prompted, self._send, model=self._model, redact=self._redact
-        )
 
     async def _send(self, request: LLMRequest) -> Completion:
         extra: dict[str, Any] = {}
@@ -174,10 +147,4 @@ class AnthropicLLM:
             )
             return _to_completion(message, self._model)
 
-        return await call_with_retries(
-            attempt,
-            model=self._model,
-            policy=self._policy,
-            classify=self._classify,
-            redactor=self._redact,
-        )
+        return await self._with_retries(attempt)

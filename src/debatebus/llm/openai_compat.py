@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 from functools import partial
 from typing import Any, Literal
@@ -29,16 +28,11 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from pydantic import BaseModel
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError, LLMTimeoutError
-from debatebus.llm.base import LLMRequest, LLMResponse
-from debatebus.llm.retry import (
-    ProviderFailure,
-    Redactor,
-    RetryPolicy,
-    call_with_retries,
-    failure_for_status,
-)
-from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
-from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
+from debatebus.llm.base import LLMRequest
+from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
+from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, failure_for_status
+from debatebus.llm.settings import is_paid_url
+from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["OpenAICompatibleLLM", "map_openai_error", "strict_json_schema"]
@@ -47,9 +41,6 @@ StructuredMode = Literal["auto", "json_schema", "json_object", "instructions"]
 _MODES: tuple[StructuredMode, ...] = ("auto", "json_schema", "json_object", "instructions")
 # What "auto" tries, best first, stepping down when a server rejects a response_format.
 _LADDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "instructions")
-# Local servers ignore the key, but the SDK refuses to start without one.
-_PLACEHOLDER_KEY = "not-needed"
-_DETAIL_LIMIT = 300
 
 
 def _error_detail(exc: openai.APIError) -> str:
@@ -60,8 +51,8 @@ def _error_detail(exc: openai.APIError) -> str:
         if isinstance(error, dict):
             error = error.get("message") or error.get("detail")
         if error:
-            return str(error)[:_DETAIL_LIMIT]
-    return exc.message[:_DETAIL_LIMIT]
+            return str(error)[:DETAIL_LIMIT]
+    return exc.message[:DETAIL_LIMIT]
 
 
 def map_openai_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
@@ -212,7 +203,7 @@ def _to_completion(completion: Any, model: str) -> Completion:
     return Completion(content or "", _usage(completion), completion)
 
 
-class OpenAICompatibleLLM:
+class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
     """A model behind an OpenAI-compatible Chat Completions endpoint.
 
     ``structured`` picks how judges get JSON: ``"json_schema"`` sends a JSON-schema
@@ -243,51 +234,33 @@ class OpenAICompatibleLLM:
             raise ConfigError(f"structured must be one of {', '.join(_MODES)}, not {structured!r}")
         if not model:
             raise ConfigError("OpenAICompatibleLLM needs a model name, e.g. 'gpt-4o-mini'")
-        key = api_key or os.environ.get("OPENAI_API_KEY")
-        if not key and not is_paid_url(base_url or os.environ.get("OPENAI_BASE_URL")):
-            key = _PLACEHOLDER_KEY
-        self._redact = Redactor([key])
+        key = api_key_or_placeholder(
+            api_key, key_env="OPENAI_API_KEY", base_url=base_url, base_url_env="OPENAI_BASE_URL"
+        )
+        redact = Redactor([key])
         try:
-            self._client = openai.AsyncOpenAI(
+            client = openai.AsyncOpenAI(
                 api_key=key, base_url=base_url, timeout=timeout, max_retries=0
             )
         except openai.OpenAIError as exc:
             raise ConfigError(
-                self._redact(f"{model}: {exc} (pass api_key= or set OPENAI_API_KEY)")
+                redact(f"{model}: {exc} (pass api_key= or set OPENAI_API_KEY)")
             ) from None
-        self._model = model
-        self._base_url = str(self._client.base_url)
+        super().__init__(
+            model,
+            client,
+            redact=redact,
+            map_error=map_openai_error,
+            timeout=timeout,
+            max_retries=max_retries,
+            retry_policy=retry_policy,
+        )
         self._temperature = temperature
         self._max_tokens = max_tokens
         self._structured: StructuredMode = structured
         self._rung = 0  # position on _LADDER reached by "auto"
-        self._policy = retry_policy or RetryPolicy(max_retries=max_retries, timeout=timeout)
-        self._classify = partial(map_openai_error, model=model, base_url=self._base_url)
         self._classify_structured = partial(
             _map_structured_error, model=model, base_url=self._base_url
-        )
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def base_url(self) -> str:
-        return self._base_url
-
-    def __repr__(self) -> str:
-        return f"OpenAICompatibleLLM(model={self._model!r}, base_url={self._base_url!r})"
-
-    async def aclose(self) -> None:
-        await self._client.close()
-
-    async def complete(self, request: LLMRequest) -> LLMResponse:
-        check_model_requests_allowed(self._model, self._base_url)
-        if request.response_schema is None:
-            answer = await self._chat(request, None)
-            return LLMResponse(answer.text, None, answer.usage, self._model, answer.raw)
-        return await complete_structured(
-            request, self._send_structured, model=self._model, redact=self._redact
         )
 
     async def _send_structured(self, request: LLMRequest) -> Completion:
@@ -297,11 +270,11 @@ class OpenAICompatibleLLM:
         # enforces the shape but never shows the model what the fields mean.
         prompted = with_json_instructions(request, schema)
         if self._structured != "auto":
-            return await self._chat(prompted, _response_format(schema, self._structured))
+            return await self._send(prompted, _response_format(schema, self._structured))
         rung = self._rung
         while True:
             try:
-                answer = await self._chat(prompted, _response_format(schema, _LADDER[rung]))
+                answer = await self._send(prompted, _response_format(schema, _LADDER[rung]))
             except LLMError as exc:
                 if rung == len(_LADDER) - 1 or not _rejects_format(exc.__cause__):
                     raise
@@ -322,8 +295,8 @@ class OpenAICompatibleLLM:
             params[name] = max_tokens
         return params
 
-    async def _chat(
-        self, request: LLMRequest, response_format: dict[str, Any] | None
+    async def _send(
+        self, request: LLMRequest, response_format: dict[str, Any] | None = None
     ) -> Completion:
         messages = _messages(request)
         params = self._params(request)
@@ -336,10 +309,6 @@ class OpenAICompatibleLLM:
             )
             return _to_completion(completion, self._model)
 
-        return await call_with_retries(
-            attempt,
-            model=self._model,
-            policy=self._policy,
-            classify=self._classify if response_format is None else self._classify_structured,
-            redactor=self._redact,
+        return await self._with_retries(
+            attempt, self._classify if response_format is None else self._classify_structured
         )

@@ -14,7 +14,13 @@ from pydantic import BaseModel
 from debatebus.engine.result import DebateResult
 from debatebus.engine.transcript import Round
 
-__all__ = ["DEBATE_FIELDS", "result_fields", "rounds_from_builtins", "to_builtins"]
+__all__ = [
+    "DEBATE_FIELDS",
+    "failure_fields",
+    "result_fields",
+    "rounds_from_builtins",
+    "to_builtins",
+]
 
 DEBATE_FIELDS = (
     "debateId",
@@ -62,6 +68,20 @@ def result_fields(result: DebateResult, *, replayed: bool = False) -> dict[str, 
         "debateSatisfied": result.satisfied,
         "debateError": result.error,
         "debateReplayed": replayed,
+    }
+
+
+def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
+    """The result fields of a request that failed before any debate ran (bad input, drift…)."""
+    return {
+        "debateId": debate_id,
+        "debateOutput": "",
+        "debateSynthesis": None,
+        "debateRounds": 0,
+        "debateStatus": "failed",
+        "debateTokenUsage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0},
+        "debateError": error,
+        "debateReplayed": False,
     }
 
 

@@ -1,9 +1,7 @@
 """Kafka transport on aiokafka: one topic per event type, one consumer group per worker pool.
 
-Wire format: topic = the event type with ``:`` replaced by ``.`` (Kafka forbids ``:``); key = the
-requestId; value = the JSON envelope; headers ``content-type: application/json`` and
-``x-debatebus-schema-version`` plus the message's own. Topics are created with the admin client
-before first use, never left to broker auto-creation (which would pick its own partition count).
+Wire format: see ``kafka_wire``. Topics are created with the admin client before first use, never
+left to broker auto-creation (which would pick its own partition count).
 
 Delivery is at-least-once. Kafka acknowledges by committing an offset per partition, not per
 message, and a worker finishes debates out of order, so an offset is committed only when every
@@ -12,53 +10,44 @@ A crash between producing results and committing redelivers the request; the han
 dedups by request id. aiokafka's idempotent producer and transactions are not used: Tansu (the
 test broker) has neither, and exactly-once could not cover the LLM calls anyway.
 
-Liveness: a background task keeps calling ``getmany`` whatever the handlers are doing; when
-``prefetch`` records are unsettled it pauses the assigned partitions instead of not polling. So
-the consumer keeps heartbeating and its ``max_poll_interval_ms`` clock (which aiokafka measures
-between ``getmany`` calls, not between messages) never runs out, however long a debate takes:
-the default 300 000 ms is fine and only bounds a wedged event loop.
+How a consumer stays in its group however long a debate takes: see ``kafka_group``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import logging
-import re
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any, Final, NamedTuple
+from typing import Any
 
-from aiokafka import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    ConsumerStoppedError,
-    IllegalOperation,
-    TopicPartition,
-)
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import (
-    CommitFailedError,
-    GroupAuthorizationFailedError,
-    IllegalStateError,
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    RecordTooLargeError,
-    RequestTimedOutError,
-    TopicAlreadyExistsError,
-    TopicAuthorizationFailedError,
-    for_code,
-)
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.schemas.envelope import SCHEMA_VERSION
-from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
+from debatebus.transports.base import Delivery, Outgoing, Transport
+from debatebus.transports.kafka_errors import _kafka_errors, _quietly
+from debatebus.transports.kafka_group import _Member
+from debatebus.transports.kafka_readers import _bounds, _millis, _poll, _Subscription
+from debatebus.transports.kafka_wire import (
+    CONTENT_TYPE_HEADER,
+    DELIVERIES_HEADER,
+    ORIGIN_HEADER,
+    ORIGIN_OFFSET_HEADER,
+    ORIGIN_PARTITION_HEADER,
+    REASON_HEADER,
+    SCHEMA_HEADER,
+    _dead_letter,
+    _delivery,
+    _names,
+    _outgoing,
+    _Record,
+    _requeued,
+    _Token,
+    _token_of,
+    kafka_topic,
+)
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
@@ -71,390 +60,6 @@ __all__ = [
     "KafkaTransport",
     "kafka_topic",
 ]
-
-logger = logging.getLogger(__name__)
-
-CONTENT_TYPE_HEADER: Final = "content-type"
-SCHEMA_HEADER: Final = "x-debatebus-schema-version"
-REASON_HEADER: Final = "x-debatebus-reason"
-DELIVERIES_HEADER: Final = "x-debatebus-deliveries"
-ORIGIN_HEADER: Final = "x-debatebus-origin"
-ORIGIN_PARTITION_HEADER: Final = "x-debatebus-origin-partition"
-ORIGIN_OFFSET_HEADER: Final = "x-debatebus-origin-offset"
-_DLQ_HEADERS: Final = frozenset({REASON_HEADER, ORIGIN_HEADER, ORIGIN_PARTITION_HEADER,
-                                 ORIGIN_OFFSET_HEADER})
-
-_POLL_MS: Final = 200  # how long one getmany waits when idle; bounds the fetch loop's reaction time
-_ASSIGNMENT_WATCH_S: Final = 60
-_LEGAL_TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
-_KAFKA_ERRORS: Final = (KafkaError, ConsumerStoppedError, IllegalOperation)
-
-RawHeaders = tuple[tuple[str, bytes], ...]
-
-_HINTS: Final[tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...]] = (
-    (KafkaConnectionError, "check that a broker listens at {servers} and that the address it "
-                           "advertises is reachable from this host"),
-    (CommitFailedError, "the group rebalanced and the partition moved to another consumer, which "
-                        "redelivers from the last commit"),
-    ((MessageSizeTooLargeError, RecordTooLargeError),
-     "the message exceeds the producer's max_request_size or the topic's max.message.bytes"),
-    ((TopicAuthorizationFailedError, GroupAuthorizationFailedError),
-     "check this client's ACLs on the broker"),
-    ((KafkaTimeoutError, RequestTimedOutError),
-     "the broker at {servers} did not answer in time: check it is up and not overloaded"),
-)
-
-
-def _translate(exc: BaseException, action: str, servers: str) -> TransportError:
-    hint = next((h for kinds, h in _HINTS if isinstance(exc, kinds)),
-                "check the broker at {servers} and its logs")
-    error = TransportError(f"Kafka: {action} failed ({type(exc).__name__}: {exc}); "
-                           f"{hint.format(servers=servers)}")
-    error.__cause__ = exc
-    return error
-
-
-@contextlib.contextmanager
-def _kafka_errors(action: str, servers: str) -> Iterator[None]:
-    """Callers see ``TransportError`` (saying what to check), never an aiokafka exception."""
-    try:
-        yield
-    except _KAFKA_ERRORS as exc:
-        raise _translate(exc, action, servers) from exc
-
-
-@functools.lru_cache(maxsize=1024)
-def kafka_topic(event_type: str) -> str:
-    """The Kafka topic carrying ``event_type``: ``debate:request`` → ``debate.request``."""
-    name = event_type.replace(":", ".")
-    if not _LEGAL_TOPIC.fullmatch(name) or name in (".", ".."):
-        raise ConfigError(f"event type {event_type!r} maps to Kafka topic {name!r}, which Kafka "
-                          "rejects: use letters, digits and . _ - : only, at most 249 characters")
-    return name
-
-
-def _names(topics: Sequence[str]) -> dict[str, str]:
-    """Kafka topic → the event type the caller used, to give deliveries their original names."""
-    if isinstance(topics, str) or not topics:
-        raise ConfigError(f"pass a non-empty list of event types, not {topics!r}")
-    names: dict[str, str] = {}
-    for event_type in topics:
-        first = names.setdefault(kafka_topic(event_type), event_type)
-        if first != event_type:
-            raise ConfigError(f"event types {first!r} and {event_type!r} both map to Kafka topic "
-                              f"{kafka_topic(first)!r}: rename one of them")
-    return names
-
-
-def _encode_headers(headers: dict[str, str]) -> RawHeaders:
-    return tuple((k, v.encode()) for k, v in headers.items())
-
-
-def _deliveries(headers: dict[str, str]) -> int:
-    try:
-        return max(1, int(headers.get(DELIVERIES_HEADER, "1")))
-    except ValueError:
-        return 1
-
-
-class _Record(NamedTuple):
-    topic: str
-    value: bytes
-    key: bytes | None
-    headers: RawHeaders
-
-
-def _outgoing(message: Outgoing) -> _Record:
-    headers = {CONTENT_TYPE_HEADER: "application/json", SCHEMA_HEADER: str(SCHEMA_VERSION),
-               **message.headers}
-    key = message.key.encode() if message.key is not None else None
-    return _Record(kafka_topic(message.topic), message.body, key, _encode_headers(headers))
-
-
-@dataclass(eq=False, slots=True)
-class _Partition:
-    """Offsets fetched from one assigned partition, in fetch order, for contiguous commits.
-
-    ``fetched`` may have gaps (compaction, transaction markers): contiguity is over fetched
-    records, not integers. A fresh object per assignment, so a late settle for a revoked
-    partition is recognised by identity and never commits for the partition's new owner.
-    """
-
-    fetched: deque[int] = field(default_factory=deque)
-    unsettled: set[int] = field(default_factory=set)
-    commit_at: int | None = None  # one past the settled prefix: what Kafka should store
-    committed: int | None = None
-
-    def add(self, offset: int) -> None:
-        self.fetched.append(offset)
-        self.unsettled.add(offset)
-
-    def settle(self, offset: int) -> bool:
-        if offset not in self.unsettled:
-            return False
-        self.unsettled.discard(offset)
-        while self.fetched and self.fetched[0] not in self.unsettled:
-            self.commit_at = self.fetched.popleft() + 1
-        return True
-
-    def forget_from(self, offset: int) -> int:
-        """Drop the fetched tail from ``offset`` on (never handed out); returns how many."""
-        dropped = 0
-        while self.fetched and self.fetched[-1] >= offset:
-            self.unsettled.discard(self.fetched.pop())
-            dropped += 1
-        return dropped
-
-
-@dataclass(frozen=True, slots=True)
-class _Token:
-    tp: TopicPartition
-    offset: int
-    raw_key: bytes | None
-    raw_headers: RawHeaders
-    member: _Member | None = None  # None: from subscribe/read_range, nothing to settle
-    partition: _Partition | None = None
-
-
-def _delivery(record: Any, event_type: str, member: _Member | None = None,
-              partition: _Partition | None = None) -> Delivery:
-    raw: RawHeaders = tuple((k, v or b"") for k, v in record.headers or ())
-    headers = {k: v.decode("utf-8", "replace") for k, v in raw}
-    key = record.key.decode("utf-8", "replace") if record.key is not None else None
-    tp = TopicPartition(record.topic, record.partition)
-    return Delivery(event_type, record.value or b"", f"{record.partition}:{record.offset}",
-                    _deliveries(headers), key, headers,
-                    token=_Token(tp, record.offset, record.key, raw, member, partition))
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka has no type hints
-    def __init__(self, member: _Member) -> None:
-        self.member = member
-
-    async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        await self.member.on_revoked(set(revoked))
-
-    def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        self.member.paused = False
-        logger.debug("group %s: assigned %s", self.member.group, sorted(assigned))
-
-
-class _Member:
-    """One ``consume()`` call: a group consumer, its fetch loop and its commit bookkeeping."""
-
-    def __init__(self, consumer: AIOKafkaConsumer, names: dict[str, str], group: str,
-                 prefetch: int, settings: KafkaTransport) -> None:
-        self.consumer = consumer
-        self.names = names
-        self.group = group
-        self.prefetch = prefetch
-        self.settings = settings
-        self.parts: dict[TopicPartition, _Partition] = {}
-        self.buffer: deque[Delivery] = deque()
-        self.unsettled = 0  # fetched (buffered or handed out) and not yet settled
-        self.ready = asyncio.Event()
-        self.settled = asyncio.Event()
-        self.error: TransportError | None = None
-        self.stopped = False
-        self.paused = False  # a new assignment starts unpaused: the listener resets this
-        self._fetcher: asyncio.Task[None] | None = None
-        self._watch: asyncio.TimerHandle | None = None
-        self._stopping: asyncio.Future[None] | None = None
-        self._commit_lock = asyncio.Lock()
-        self._commit_wanted = False
-
-    def start(self) -> None:
-        self.consumer.subscribe(list(self.names), listener=_Listener(self))
-        self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"kafka-fetch-{self.group}")
-        self._watch = asyncio.get_running_loop().call_later(_ASSIGNMENT_WATCH_S,
-                                                            self._warn_if_unassigned)
-
-    def _warn_if_unassigned(self) -> None:
-        # A member that never gets partitions just waits, silently; say so once.
-        if not self.stopped and not self.consumer.assignment():
-            logger.warning(
-                "group %s: no partitions assigned after %ds. Normal if the group has more members "
-                "than %s have partitions; otherwise check the broker. (Tansu 0.6 strands a group "
-                "whose leader was the last member to leave: restart it or use a new group id.)",
-                self.group, _ASSIGNMENT_WATCH_S, ", ".join(self.names.values()))
-
-    async def next(self) -> Delivery | None:
-        while not self.buffer:
-            if self.error is not None:
-                raise self.error
-            if self.stopped:
-                return None
-            self.ready.clear()
-            await self.ready.wait()
-        return self.buffer.popleft()
-
-    async def _fetch_loop(self) -> None:
-        while not self.stopped:
-            try:
-                await self._poll_once()
-            except _KAFKA_ERRORS as exc:
-                if self.stopped:
-                    break
-                if isinstance(exc, KafkaError) and exc.retriable:
-                    logger.warning("group %s: %r while polling; retrying", self.group, exc)
-                    await asyncio.sleep(1.0)
-                    continue
-                self.error = _translate(exc, f"polling for group {self.group!r}",
-                                        self.settings.servers)
-                logger.error("%s", self.error)
-                break
-        self.ready.set()  # wakes next(), which reports the error or the end
-
-    async def _poll_once(self) -> None:
-        self._apply_backpressure()
-        batch = await self.consumer.getmany(
-            timeout_ms=_POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
-        for tp, records in batch.items():
-            for record in records:
-                self._take(tp, record)
-        if batch:
-            self.ready.set()
-
-    def _take(self, tp: TopicPartition, record: Any) -> None:
-        part = self.parts.get(tp)
-        if part is None:
-            part = self.parts[tp] = _Partition()
-        part.add(record.offset)
-        self.unsettled += 1
-        self.buffer.append(_delivery(record, self.names.get(tp.topic, tp.topic), self, part))
-
-    def _apply_backpressure(self) -> None:
-        # Pausing rather than not polling keeps getmany (and with it the heartbeat and the
-        # max_poll_interval clock) going: a full worker stays in the group. Every assigned
-        # partition is paused, since any record fetched would exceed the bound.
-        if self.stopped:
-            return
-        if self.unsettled >= self.prefetch:
-            if not self.paused:
-                self.consumer.pause(*self.consumer.assignment())
-                self.paused = True
-        elif self.paused:
-            self.consumer.resume(*self.consumer.paused())
-            self.paused = False
-
-    def settle(self, token: _Token) -> bool:
-        """Mark a record settled; False when it is not ours to commit any more (revoked, closed,
-        settled already)."""
-        part = token.partition
-        if part is None or self.parts.get(token.tp) is not part or not part.settle(token.offset):
-            return False
-        self.unsettled -= 1
-        self.settled.set()
-        self._apply_backpressure()
-        return True
-
-    async def commit(self) -> None:
-        """Commit every partition's settled prefix. Callers that arrive while a commit is in
-        flight share the next one, so 200 concurrent acks cost a couple of requests, not 200."""
-        self._commit_wanted = True
-        async with self._commit_lock:
-            if not self._commit_wanted:
-                return  # a commit that started after our settle covered it
-            self._commit_wanted = False
-            due = {tp: p for tp, p in self.parts.items()
-                   if p.commit_at is not None and p.commit_at != p.committed}
-            if not due:
-                return
-            offsets = {tp: p.commit_at for tp, p in due.items()}
-            try:
-                async with asyncio.timeout(self.settings.request_timeout):
-                    await self.consumer.commit(offsets)
-            except (CommitFailedError, IllegalStateError) as exc:
-                # The partition moved to another member meanwhile; it redelivers from the last
-                # commit and the handler layer dedups by request id. Not the caller's failure.
-                logger.warning("group %s: commit of %s skipped: %s", self.group, offsets, exc)
-                return
-            except TimeoutError as exc:
-                raise TransportError(f"Kafka: committing offsets for group {self.group!r} timed "
-                                     f"out; check the broker at {self.settings.servers}") from exc
-            except _KAFKA_ERRORS as exc:
-                raise _translate(exc, f"committing offsets for group {self.group!r}",
-                                 self.settings.servers) from exc
-            for tp, part in due.items():
-                part.committed = offsets[tp]
-
-    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
-        if not revoked:
-            return  # the first join revokes nothing
-        self._purge(revoked)
-        await self._await_settled(revoked, self.settings.revoke_grace)
-        try:
-            await self.commit()
-        except TransportError as exc:
-            logger.warning("%s", exc)
-        left = 0
-        for tp in revoked:
-            part = self.parts.pop(tp, None)
-            if part is not None:
-                left += len(part.unsettled)
-        self.unsettled -= left
-        logger.info("group %s: partitions %s revoked; %d in-flight deliveries left unsettled "
-                    "will be redelivered to the new owner", self.group, sorted(revoked), left)
-
-    def _purge(self, revoked: set[TopicPartition]) -> None:
-        # Records fetched but not yet handed out would be handed out again by the new owner:
-        # drop them rather than run them twice. They are each partition's fetched tail.
-        kept: deque[Delivery] = deque()
-        first: dict[TopicPartition, int] = {}
-        for delivery in self.buffer:
-            token: _Token = delivery.token
-            if token.tp in revoked:
-                first.setdefault(token.tp, token.offset)
-            else:
-                kept.append(delivery)
-        self.buffer = kept
-        for tp, offset in first.items():
-            self.unsettled -= self.parts[tp].forget_from(offset)
-
-    async def _await_settled(self, tps: set[TopicPartition], grace: float) -> None:
-        # Handlers that finish within the grace get their offsets committed before the new
-        # owner reads from the last commit; longer ones are redelivered there (at-least-once).
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while any(self.parts[tp].unsettled for tp in tps if tp in self.parts):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            self.settled.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.settled.wait(), remaining)
-
-    async def stop(self) -> None:
-        """Idempotent, and finishes even if the caller is cancelled meanwhile."""
-        if self._stopping is None:
-            self._stopping = asyncio.ensure_future(self._stop())
-        await asyncio.shield(self._stopping)
-
-    async def _stop(self) -> None:
-        self.stopped = True
-        self.ready.set()
-        if self._watch is not None:
-            self._watch.cancel()
-        if self._fetcher is not None:
-            self._fetcher.cancel()
-            await asyncio.gather(self._fetcher, return_exceptions=True)
-        try:
-            await self.commit()
-        except TransportError as exc:
-            logger.warning("%s; settled deliveries after the last commit will be redelivered", exc)
-        self.parts.clear()
-        self.buffer.clear()
-        await _quietly(self.consumer.stop(), f"leaving group {self.group!r}",
-                       self.settings.request_timeout)
-
-
-async def _quietly(step: Awaitable[Any], what: str, timeout: float) -> None:
-    """Shutdown steps log their failures: a close must not raise over a broker that went away."""
-    try:
-        async with asyncio.timeout(timeout):
-            await step
-    except (TimeoutError, *_KAFKA_ERRORS) as exc:
-        logger.warning("Kafka: %s failed during close: %r", what, exc)
 
 
 class KafkaTransport(Transport):
@@ -703,16 +308,6 @@ class KafkaTransport(Transport):
         self._readers.discard(reader)
         await _quietly(reader.stop(), "stopping a reader", self.request_timeout)
 
-    async def _poll(self, reader: AIOKafkaConsumer, *tps: TopicPartition) -> list[Any] | None:
-        """One getmany as a flat list of records; None once the reader was stopped by close()."""
-        try:
-            batch = await reader.getmany(*tps, timeout_ms=_POLL_MS)
-        except ConsumerStoppedError:
-            return None
-        except _KAFKA_ERRORS as exc:
-            raise _translate(exc, "reading", self.servers) from exc
-        return [record for records in batch.values() for record in records]
-
     async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
         """A group-less reader positioned at the end of every partition of ``topics`` by the
         time this returns, so nothing published afterwards is missed."""
@@ -729,7 +324,8 @@ class KafkaTransport(Transport):
         except BaseException:
             await self._drop_reader(reader)
             raise
-        return _Subscription(self, reader, names)
+        return _Subscription(reader, names, self.servers,
+                             functools.partial(self._drop_reader, reader))
 
     # -- ops replay ------------------------------------------------------------------------
 
@@ -756,13 +352,14 @@ class KafkaTransport(Transport):
             if partitions is not None:
                 tps = [tp for tp in tps if tp.partition in set(partitions)]
             reader.assign(tps)
-            bounds = await self._bounds(reader, tps, start, end)
+            bounds = await _bounds(reader, tps, start, end, servers=self.servers,
+                                   timeout=self.request_timeout)
             active = {tp for tp, (lo, hi) in bounds.items() if lo < hi}
             for tp in active:
                 reader.seek(tp, bounds[tp][0])
             low, high = _millis(start, float("-inf")), _millis(end, float("inf"))
             while active:
-                records = await self._poll(reader, *active)
+                records = await _poll(reader, *active, servers=self.servers)
                 if records is None:
                     return
                 for record in records:
@@ -780,109 +377,3 @@ class KafkaTransport(Transport):
             self._known.update(await admin.list_topics())
         if name not in self._known:
             raise ConfigError(f"Kafka topic {name!r} does not exist: check the event type")
-
-    async def _bounds(self, reader: AIOKafkaConsumer, tps: list[TopicPartition],
-                      start: int | datetime | None, end: int | datetime | None,
-                      ) -> dict[TopicPartition, tuple[int, int]]:
-        """Per partition, the offsets [first, stop) to scan; ``end`` is inclusive."""
-        with _kafka_errors("reading partition offsets", self.servers):
-            begins = await reader.beginning_offsets(tps)
-            ends = await reader.end_offsets(tps)
-        if isinstance(start, datetime):
-            at = int(_millis(start, 0))
-            firsts = await self._time_starts(reader, tps, at, begins, ends)
-        else:
-            firsts = {tp: max(begins[tp], start or 0) for tp in tps}
-        stops = {tp: min(ends[tp], end + 1) if isinstance(end, int) else ends[tp] for tp in tps}
-        return {tp: (firsts[tp], stops[tp]) for tp in tps}
-
-    async def _time_starts(self, reader: AIOKafkaConsumer, tps: list[TopicPartition], at: int,
-                           begins: dict[TopicPartition, int], ends: dict[TopicPartition, int],
-                           ) -> dict[TopicPartition, int]:
-        """Where to start reading for records at or after ``at`` (ms), per partition.
-
-        Uses the broker's time index (offsets_for_times) when it passes a check: Kafka answers
-        the earliest offset with timestamp >= at, so the record before it must be older. Tansu's
-        index ignores record timestamps (it answered offset 0 for any time, or a later offset
-        than the first matching record), so a failed check falls back to the partition's
-        beginning. Starting early is always safe: read_range filters by timestamp anyway.
-        """
-        with _kafka_errors("looking up offsets by time", self.servers):
-            found = await reader.offsets_for_times({tp: at for tp in tps})
-        starts = {}
-        for tp in tps:
-            hit = found.get(tp)
-            offset = ends[tp] if hit is None else hit.offset
-            if offset > begins[tp] and not await self._older_before(reader, tp, offset, at):
-                logger.warning("Kafka: the broker's time index answered offset %d for %s, but an "
-                               "earlier record is not older; scanning %s from its beginning",
-                               offset, tp, tp)
-                offset = begins[tp]
-            starts[tp] = offset
-        return starts
-
-    async def _older_before(self, reader: AIOKafkaConsumer, tp: TopicPartition, offset: int,
-                            at: int) -> bool:
-        """Whether the record just before ``offset`` has a timestamp before ``at``."""
-        reader.seek(tp, offset - 1)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.request_timeout
-        while loop.time() < deadline:
-            records = await self._poll(reader, tp)
-            if records:
-                before = records[0]
-                return bool(before.offset < offset and before.timestamp < at)
-        return False
-
-
-class _Subscription:
-    """What ``subscribe`` returns: already positioned; ``aclose()`` (or the transport's
-    ``close()``) stops its reader. A class, not a generator, so closing works before iterating."""
-
-    def __init__(self, transport: KafkaTransport, reader: AIOKafkaConsumer,
-                 names: dict[str, str]) -> None:
-        self._transport = transport
-        self._reader = reader
-        self._names = names
-        self._pending: deque[Delivery] = deque()
-
-    def __aiter__(self) -> _Subscription:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        while not self._pending:
-            records = await self._transport._poll(self._reader)
-            if records is None:
-                raise StopAsyncIteration
-            self._pending.extend(_delivery(r, self._names[r.topic]) for r in records)
-        return self._pending.popleft()
-
-    async def aclose(self) -> None:
-        await self._transport._drop_reader(self._reader)
-
-
-def _requeued(delivery: Delivery, token: _Token) -> _Record:
-    headers = [h for h in token.raw_headers if h[0] != DELIVERIES_HEADER]
-    headers.append((DELIVERIES_HEADER, str(delivery.deliveries + 1).encode()))
-    return _Record(token.tp.topic, delivery.body, token.raw_key, tuple(headers))
-
-
-def _dead_letter(delivery: Delivery, token: _Token, reason: str) -> _Record:
-    headers = [h for h in token.raw_headers if h[0] not in _DLQ_HEADERS]
-    headers += [(REASON_HEADER, reason.encode()), (ORIGIN_HEADER, delivery.topic.encode()),
-                (ORIGIN_PARTITION_HEADER, str(token.tp.partition).encode()),
-                (ORIGIN_OFFSET_HEADER, str(token.offset).encode())]
-    topic = kafka_topic(dlq_topic(delivery.topic))
-    return _Record(topic, delivery.body, token.raw_key, tuple(headers))
-
-
-def _millis(moment: int | datetime | None, unbounded: float) -> float:
-    """A time bound in ms since the epoch; an offset or None puts no bound on time."""
-    return moment.timestamp() * 1000 if isinstance(moment, datetime) else unbounded
-
-
-def _token_of(delivery: Delivery) -> _Token:
-    if not isinstance(delivery.token, _Token):
-        raise ConfigError("this delivery did not come from a KafkaTransport: settle it with the "
-                          "transport that delivered it")
-    return delivery.token
