@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import re
 import statistics
@@ -238,6 +239,7 @@ async def kafka_run(name: str, bootstrap: str, worker: list[str], env: dict[str,
 
 async def checkpoint_bytes_per_round(url: str) -> list[int]:
     from benchmarks.bus_apps import instant_debate
+
     from debatebus.checkpoints import store_from_url
     from debatebus.handlers.checkpointing import counters_of, encode_entry
 
@@ -251,7 +253,7 @@ async def checkpoint_bytes_per_round(url: str) -> list[int]:
     async with store:
         await store.begin("d", b"{}")
         await instant_debate().run("Should we adopt microservices?", on_commit=commit)
-    return [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(sizes)]
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -321,7 +323,7 @@ async def main() -> None:
         if tansu is not None:
             tansu.stop()
     print(f"\nmedian of {args.repeat} runs:")
-    for name, figures in runs.items():
+    for figures in runs.values():
         rows.append(sorted(figures, key=lambda f: f.per_s)[len(figures) // 2])
         print(rows[-1].row())
     by = {r.name: r for r in rows}

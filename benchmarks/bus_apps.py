@@ -7,6 +7,7 @@ benchmarks/overhead.py, except the raw baselines, which echo the request as the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 from typing import Any
@@ -81,15 +82,13 @@ async def raw_redis_worker(url: str) -> None:
     import redis.asyncio as redis
 
     client = redis.Redis.from_url(url)
-    try:
+    with contextlib.suppress(redis.ResponseError):  # the group exists already
         await client.xgroup_create(REQUESTS, "raw", id="0", mkstream=True)
-    except redis.ResponseError:
-        pass
     while True:
         reply = await client.xreadgroup("raw", "c1", {REQUESTS: ">"}, count=64, block=100)
         for _, entries in reply or []:
             pipe = client.pipeline(transaction=True)
-            for entry_id, fields in entries:
+            for _, fields in entries:
                 pipe.xadd(RESULTS, {b"envelope": fields[b"envelope"]})
             pipe.xack(REQUESTS, "raw", *[e for e, _ in entries])
             await pipe.execute()

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.bus.conftest import transport_options
+from tests.bus.processes import WorkerProcess, calls_by_topic, read_calls, wait_until
 
 from debatebus.client import BusClient
 from debatebus.schemas.envelope import Envelope
-from tests.bus.conftest import transport_options
-from tests.bus.processes import WorkerProcess, calls_by_topic, read_calls, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +41,7 @@ class Collector:
     def __init__(self) -> None:
         self.results: list[Envelope] = []
         self.task: asyncio.Task[None] | None = None
+        self.arrived = asyncio.Event()
 
     async def start(self, client: BusClient, event_type: str) -> None:
         it = await client.results(event_type)
@@ -48,6 +49,7 @@ class Collector:
         async def pump() -> None:
             async for envelope in it:
                 self.results.append(envelope)
+                self.arrived.set()
 
         self.task = asyncio.create_task(pump())
 
@@ -60,7 +62,8 @@ class Collector:
     async def wait_for_count(self, ids: list[str], count: int, timeout: float) -> None:
         async with asyncio.timeout(timeout):
             while any(self.counts()[i] < count for i in ids):
-                await asyncio.sleep(0.1)
+                await self.arrived.wait()
+                self.arrived.clear()
 
 
 @contextlib.asynccontextmanager

@@ -10,13 +10,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from tests.bus.conftest import make_debate, running, transport_options
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient
 from debatebus.schemas.events import EVENT_DECODER
 from debatebus.transports import Outgoing, dlq_topic, transport_from_url
 from debatebus.worker import DebateBus
-from tests.bus.conftest import make_debate, running, transport_options
 
 TIMEOUT = 60.0
 

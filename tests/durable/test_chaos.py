@@ -14,11 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-
-from debatebus.client import BusClient
-from debatebus.transports import Outgoing
 from tests.bus.processes import WorkerProcess, read_calls
 from tests.bus.test_processes import collecting, env_for
+
+from debatebus.client import BusClient
 
 pytestmark = pytest.mark.slow
 

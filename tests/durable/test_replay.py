@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
+from tests.bus.conftest import make_debate, running
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore, store_from_url
@@ -16,7 +17,6 @@ from debatebus.cli.ops_cmds import parse_position, replay_range
 from debatebus.client import BusClient
 from debatebus.transports import transport_from_url
 from debatebus.worker import DebateBus
-from tests.bus.conftest import make_debate, running
 
 
 def counting_llm() -> tuple[FunctionLLM, list[str]]:
