@@ -104,7 +104,8 @@ def _debate_id(body: bytes) -> str | None:
 
 async def replay_range(transport: Transport, event_type: str, *, start: Position = None,
                        end: Position = None, store: CheckpointStore | None = None,
-                       progress: Callable[[ReplaySummary], None] | None = None) -> ReplaySummary:
+                       progress: Callable[[ReplaySummary, int], None] | None = None,
+                       ) -> ReplaySummary:
     """Re-publish every readable request of ``event_type`` between ``start`` and ``end``.
 
     The range is read to its end before anything is re-published, so re-publishing to the same
@@ -125,17 +126,19 @@ async def replay_range(transport: Transport, event_type: str, *, start: Position
         await transport.publish(Outgoing(event_type, delivery.body, delivery.key, delivery.headers))
         summary.republished += 1
         if progress is not None:
-            progress(summary)
+            progress(summary, len(batch))
     return summary
 
 
-def _progress_printer(total_hint: str) -> Callable[[ReplaySummary], None]:
-    def show(summary: ReplaySummary) -> None:
-        if summary.republished % 100 == 0 or sys.stderr.isatty():
-            print(f"\rre-published {summary.republished}{total_hint}", end="", file=sys.stderr,
-                  flush=True)
-
-    return show
+def _progress_bar(summary: ReplaySummary, total: int, width: int = 30) -> None:
+    """``[#####.........]  120/400 re-published`` on stderr, redrawn in place on a terminal."""
+    done = summary.republished
+    if not sys.stderr.isatty() and done not in (total, 1) and done % 500:
+        return  # in a log, a line every 500 is plenty
+    filled = width * done // max(total, 1)
+    line = f"[{'#' * filled}{'.' * (width - filled)}] {done:>6}/{total} re-published"
+    end = "\r" if sys.stderr.isatty() and done < total else "\n"
+    print(line, end=end, file=sys.stderr, flush=True)
 
 
 async def _replay(args: argparse.Namespace) -> int:
@@ -148,10 +151,9 @@ async def _replay(args: argparse.Namespace) -> int:
         try:
             summary = await replay_range(transport, args.type, start=parse_position(args.start),
                                          end=parse_position(args.end), store=store,
-                                         progress=_progress_printer(""))
+                                         progress=_progress_bar)
         finally:
             if store is not None:
                 await store.close()
-    print(file=sys.stderr)
     print(summary.line())
     return 0
