@@ -12,13 +12,11 @@ import msgspec
 from pydantic import BaseModel
 
 from debatebus.engine.result import DebateResult
-from debatebus.engine.transcript import Round
 
 __all__ = [
     "DEBATE_FIELDS",
     "failure_fields",
     "result_fields",
-    "rounds_from_builtins",
     "to_builtins",
 ]
 
@@ -83,8 +81,3 @@ def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
         "debateError": error,
         "debateReplayed": False,
     }
-
-
-def rounds_from_builtins(data: Any) -> list[Round]:
-    """Rounds back from their wire/stored form; verdicts stay dicts (the judge schema re-validates)."""
-    return msgspec.convert(data, list[Round])
