@@ -291,6 +291,9 @@ async def main() -> None:
         ("debatebus Redis Streams + checkpoints", lambda: redis_streams_run(
             "debatebus Redis Streams + checkpoints", url, DEBATEBUS,
             {"BENCH_BROKER": url, "BENCH_STORE": url}, n, k)),
+        ("debatebus Redis Streams + memory checkpoints", lambda: redis_streams_run(
+            "debatebus Redis Streams + memory checkpoints", url, DEBATEBUS,
+            {"BENCH_BROKER": url, "BENCH_STORE": "memory://"}, n, k)),
         ("debatebus Redis pub/sub", lambda: redis_pubsub_run("debatebus Redis pub/sub", url, n, k)),
     ]
     tansu = None

@@ -50,7 +50,8 @@ def debatebus_app() -> Any:
     if os.environ.get("BENCH_STORE"):
         from debatebus.checkpoints import store_from_url
 
-        options["store"] = store_from_url(os.environ["BENCH_STORE"], prefix="bench")
+        store = os.environ["BENCH_STORE"]
+        options["store"] = store_from_url(store, **({"prefix": "bench"} if "redis" in store else {}))
     # Tansu answers a fetch only when its wait expires, never when data arrives: wait little.
     transport = {"fetch_max_wait_ms": 5} if url.startswith("kafka://") else {}
     bus = DebateBus(url, concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")),
