@@ -331,6 +331,7 @@ async def main() -> None:
         print(rows[-1].row())
     by = {r.name: r for r in rows}
     _ratios(by)
+    _paired_cost(runs)
     print(f"checkpoint bytes per commit (framing, then rounds 1..3, Redis store): {per_round}")
 
 
@@ -346,6 +347,16 @@ def _ratios(by: dict[str, Figures]) -> None:
     if ours and ckpt:
         print(f"checkpointing cost: {100 * (1 - ckpt.per_s / ours.per_s):.0f}% of throughput "
               "(target ≤ 30%)")
+
+
+def _paired_cost(runs: dict[str, list[Figures]]) -> None:
+    """Checkpoint cost from back-to-back pairs: a slow spell hits both runs of a pair alike."""
+    plain = runs.get("debatebus Redis Streams", [])
+    ckpt = runs.get("debatebus Redis Streams + checkpoints", [])
+    costs = sorted(1 - c.per_s / p.per_s for p, c in zip(plain, ckpt, strict=False))
+    if costs:
+        print(f"checkpointing cost per back-to-back pair: median {100 * costs[len(costs) // 2]:.0f}% "
+              f"(pairs: {', '.join(f'{100 * c:.0f}%' for c in costs)})")
 
 
 if __name__ == "__main__":
