@@ -7,7 +7,6 @@ on every Claude model and every Messages-compatible proxy.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 try:
@@ -18,34 +17,25 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
         "AnthropicLLM needs the anthropic SDK: pip install 'debatebus[anthropic]'"
     ) from _exc
 
-from debatebus.exceptions import ConfigError, LLMError, LLMResponseError, LLMTimeoutError
+from debatebus.exceptions import ConfigError, LLMResponseError
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
-from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, failure_for_status
+from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, map_sdk_error
 from debatebus.llm.structured import Completion
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["AnthropicLLM", "map_anthropic_error"]
 
 
+def _error_detail(exc: Any) -> str:
+    return str(exc.api_message or exc.message)[:DETAIL_LIMIT]
+
+
 def map_anthropic_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
     """Translate an ``anthropic`` SDK exception into our tree; None for anything else."""
-    if isinstance(exc, anthropic.APITimeoutError):
-        return ProviderFailure(
-            LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True
-        )
-    if isinstance(exc, anthropic.APIConnectionError):
-        return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
-    if isinstance(exc, anthropic.APIStatusError):
-        detail = (exc.api_message or exc.message)[:DETAIL_LIMIT]
-        return failure_for_status(model, exc.status_code, detail, exc, exc.response.headers)
-    if isinstance(exc, json.JSONDecodeError):  # the SDK parses a 200 body that isn't JSON
-        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
-    if isinstance(exc, anthropic.APIResponseValidationError):
-        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
-    if isinstance(exc, anthropic.AnthropicError):
-        return ProviderFailure(LLMError(f"{model}: {exc}"), exc)
-    return None
+    return map_sdk_error(
+        exc, anthropic, anthropic.AnthropicError, _error_detail, model=model, base_url=base_url
+    )
 
 
 def _messages(request: LLMRequest) -> list[MessageParam]:

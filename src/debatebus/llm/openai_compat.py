@@ -8,7 +8,6 @@ provider.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from functools import partial
 from typing import Any, Literal
@@ -27,10 +26,10 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from pydantic import BaseModel
 
-from debatebus.exceptions import ConfigError, LLMError, LLMResponseError, LLMTimeoutError
+from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
-from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, failure_for_status
+from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, map_sdk_error
 from debatebus.llm.settings import is_paid_url
 from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.schemas.usage import TokenUsage
@@ -57,22 +56,9 @@ def _error_detail(exc: openai.APIError) -> str:
 
 def map_openai_error(exc: BaseException, *, model: str, base_url: str) -> ProviderFailure | None:
     """Translate an ``openai`` SDK exception into our tree; None for anything else."""
-    if isinstance(exc, openai.APITimeoutError):
-        return ProviderFailure(
-            LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True
-        )
-    if isinstance(exc, openai.APIConnectionError):
-        return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
-    if isinstance(exc, openai.APIStatusError):
-        detail = _error_detail(exc)
-        return failure_for_status(model, exc.status_code, detail, exc, exc.response.headers)
-    if isinstance(exc, json.JSONDecodeError):  # the SDK parses a 200 body that isn't JSON
-        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
-    if isinstance(exc, openai.APIResponseValidationError):
-        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
-    if isinstance(exc, openai.OpenAIError):
-        return ProviderFailure(LLMError(f"{model}: {exc}"), exc)
-    return None
+    return map_sdk_error(
+        exc, openai, openai.OpenAIError, _error_detail, model=model, base_url=base_url
+    )
 
 
 class _NotStrictable(Exception):

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from debatebus.exceptions import LLMError, LLMRateLimitError, LLMTimeoutError
+from debatebus.exceptions import LLMError, LLMRateLimitError, LLMResponseError, LLMTimeoutError
 
 __all__ = [
     "Classifier",
@@ -28,6 +29,7 @@ __all__ = [
     "RetryPolicy",
     "call_with_retries",
     "failure_for_status",
+    "map_sdk_error",
     "parse_retry_after",
     "redact",
 ]
@@ -231,3 +233,26 @@ async def call_with_retries(
         if not failure.retryable or number > policy.max_retries:
             raise _final_error(failure, number, redactor) from failure.cause
         await policy.sleep(policy.delay(number - 1, failure.retry_after))
+
+
+def map_sdk_error(exc: BaseException, sdk: Any, base_error: type[BaseException],
+                  detail: Callable[[Any], str], *, model: str,
+                  base_url: str) -> ProviderFailure | None:
+    """Translate an ``openai`` or ``anthropic`` SDK exception into our tree (None for anything
+    else). Both SDKs share these exception names; ``base_error`` is the SDK's root class and
+    ``detail`` reads a status error's message."""
+    if isinstance(exc, sdk.APITimeoutError):
+        return ProviderFailure(
+            LLMTimeoutError(f"{model}: request to {base_url} timed out"), exc, True
+        )
+    if isinstance(exc, sdk.APIConnectionError):
+        return ProviderFailure(LLMError(f"{model}: cannot reach {base_url}: {exc}"), exc, True)
+    if isinstance(exc, sdk.APIStatusError):
+        return failure_for_status(model, exc.status_code, detail(exc), exc, exc.response.headers)
+    # JSONDecodeError: the SDK parsed a 200 body that isn't JSON.
+    if isinstance(exc, json.JSONDecodeError | sdk.APIResponseValidationError):
+        return ProviderFailure(LLMResponseError(f"{model}: malformed response: {exc}"), exc)
+    if isinstance(exc, base_error):
+        return ProviderFailure(LLMError(f"{model}: {exc}"), exc)
+    return None
+
