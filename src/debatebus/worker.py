@@ -33,6 +33,7 @@ from debatebus.schemas.envelope import (
     Envelope,
     completed_topic,
     failed_topic,
+    lenient_request,
     now_iso,
 )
 from debatebus.schemas.events import DebateEvent
@@ -68,19 +69,6 @@ def _failure_payload(payload: Mapping[str, Any], request_id: str, error: str) ->
     debate_id = payload.get("debateId")
     return {**payload, **failure_fields(debate_id if isinstance(debate_id, str) else request_id,
                                         error)}
-
-
-def _lenient_request_id(body: bytes) -> tuple[str | None, dict[str, Any]]:
-    """Best effort: the requestId and payload of a body that failed strict decoding."""
-    try:
-        data = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return None, {}
-    if not isinstance(data, dict):
-        return None, {}
-    rid = data.get("requestId")
-    payload = data.get("payload")
-    return (rid if isinstance(rid, str) and rid else None), (payload if isinstance(payload, dict) else {})
 
 
 class DebateBus:
@@ -303,7 +291,7 @@ class DebateBus:
 
     async def _reject_or_fail(self, delivery: Delivery, reason: str) -> _Settled:
         """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
-        request_id, payload = _lenient_request_id(delivery.body)
+        request_id, payload = lenient_request(delivery.body)
         if request_id is None:
             await self.transport.reject(delivery, reason)
             return "dead_lettered", None

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import msgspec
-
 from debatebus.checkpoints import CheckpointStore, store_from_url
 from debatebus.cli.common import add_broker, broker_url
 from debatebus.exceptions import ConfigError
+from debatebus.schemas.envelope import lenient_request
 from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
 
 __all__ = ["ReplaySummary", "add_parser", "parse_position", "replay_range"]
@@ -91,15 +90,10 @@ def _for(transport: Transport, position: Position, open_end: str) -> Any:
 
 
 def _debate_id(body: bytes) -> str | None:
-    try:
-        data = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("requestId"), str):
-        return None
-    payload = data.get("payload")
-    debate_id = payload.get("debateId") if isinstance(payload, dict) else None
-    return debate_id if isinstance(debate_id, str) else data["requestId"]
+    """The debate a request runs under: its payload's debateId, else its requestId."""
+    request_id, payload = lenient_request(body)
+    debate_id = payload.get("debateId")
+    return debate_id if request_id and isinstance(debate_id, str) else request_id
 
 
 async def replay_range(transport: Transport, event_type: str, *, start: Position = None,

@@ -18,6 +18,7 @@ __all__ = [
     "Envelope",
     "completed_topic",
     "failed_topic",
+    "lenient_request",
     "now_iso",
 ]
 
@@ -53,3 +54,17 @@ def now_iso() -> str:
     """UTC timestamp with millisecond precision, ISO 8601 (``2026-11-30T07:00:00.123Z``)."""
     now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def lenient_request(body: bytes) -> tuple[str | None, dict[str, Any]]:
+    """Best effort: the requestId and payload of a body that may not be a valid envelope (a
+    malformed request's failure event, ops replay)."""
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None, {}
+    if not isinstance(data, dict):
+        return None, {}
+    rid = data.get("requestId")
+    payload = data.get("payload")
+    return (rid if isinstance(rid, str) and rid else None), (payload if isinstance(payload, dict) else {})
