@@ -92,6 +92,7 @@ async def measure(name: str, driver: Driver, requests: int) -> Figures:
                    lat_ms[int(len(lat_ms) * 0.99) - 1])
 
 
+DEBATEBUS = ["-m", "debatebus", "worker", "benchmarks.bus_apps:debatebus_app"]
 LOG = Path(os.environ.get("BENCH_LOG", "/tmp/debatebus-bench-workers.log"))
 
 
@@ -109,6 +110,22 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+async def scenario(name: str, driver: Driver, requests: int, worker: list[str],
+                   env: dict[str, str], read: Callable[[], Awaitable[None]],
+                   *cleanups: Callable[[], Awaitable[Any]], settle_s: float = 0.0) -> Figures:
+    """Start the worker and the driver's result reader, measure, then tear everything down."""
+    proc = start_worker(worker, env)
+    reader_task = asyncio.create_task(read())
+    try:
+        await asyncio.sleep(settle_s)
+        return await measure(name, driver, requests)
+    finally:
+        reader_task.cancel()
+        stop_worker(proc)
+        for cleanup in cleanups:
+            await cleanup()
 
 
 # ---- Redis Streams / pub/sub drivers ---------------------------------------------------------
@@ -143,14 +160,8 @@ async def redis_streams_run(name: str, url: str, worker: list[str], env: dict[st
 
     if encode is not None:  # FastStream makes its group at "$": requests sent first would be lost
         await client.xgroup_create(stream, "fs", id="0", mkstream=True)
-    proc = start_worker(worker, {**env, "BENCH_REQUESTS": stream})
-    reader_task = asyncio.create_task(read())
-    try:
-        return await measure(name, driver, requests)
-    finally:
-        reader_task.cancel()
-        stop_worker(proc)
-        await client.aclose()
+    return await scenario(name, driver, requests, worker, {**env, "BENCH_REQUESTS": stream}, read,
+                          client.aclose)
 
 
 async def redis_pubsub_run(name: str, url: str, requests: int, inflight: int) -> Figures:
@@ -167,17 +178,10 @@ async def redis_pubsub_run(name: str, url: str, requests: int, inflight: int) ->
             if message["type"] == "message":
                 driver.seen(message["data"])
 
-    proc = start_worker(["-m", "debatebus", "worker", "benchmarks.bus_apps:debatebus_app"],
-                        {"BENCH_BROKER": url.replace("redis://", "redis+pubsub://"),
-                         "BENCH_REQUESTS": channel})
-    reader_task = asyncio.create_task(read())
-    await asyncio.sleep(2.0)  # at-most-once: requests sent before the worker subscribes are lost
-    try:
-        return await measure(name, driver, requests)
-    finally:
-        reader_task.cancel()
-        stop_worker(proc)
-        await client.aclose()
+    env = {"BENCH_BROKER": url.replace("redis://", "redis+pubsub://"), "BENCH_REQUESTS": channel}
+    # At-most-once: requests sent before the worker subscribes are lost, so give it time.
+    return await scenario(name, driver, requests, DEBATEBUS, env, read, client.aclose,
+                          settle_s=2.0)
 
 
 async def faststream_encode(body: bytes, rid: str) -> bytes:
@@ -223,15 +227,8 @@ async def kafka_run(name: str, bootstrap: str, worker: list[str], env: dict[str,
                 for record in records:
                     driver.seen(record.value)
 
-    proc = start_worker(worker, {**env, "BENCH_REQUESTS": base})
-    reader_task = asyncio.create_task(read())
-    try:
-        return await measure(name, driver, requests)
-    finally:
-        reader_task.cancel()
-        stop_worker(proc)
-        await producer.stop()
-        await consumer.stop()
+    return await scenario(name, driver, requests, worker, {**env, "BENCH_REQUESTS": base}, read,
+                          producer.stop, consumer.stop)
 
 
 # ---- checkpoint size ---------------------------------------------------------------------------
@@ -257,9 +254,6 @@ async def checkpoint_bytes_per_round(url: str) -> list[int]:
 
 
 # ---- main --------------------------------------------------------------------------------------
-
-DEBATEBUS = ["-m", "debatebus", "worker", "benchmarks.bus_apps:debatebus_app"]
-
 
 async def main() -> None:
     parser = argparse.ArgumentParser()
