@@ -38,9 +38,15 @@ class Figures:
     per_s: float
     p50_ms: float
     p99_ms: float
+    #: CPU time per request (µs) of the worker process and of redis-server, when measured.
+    worker_cpu_us: float = 0.0
+    broker_cpu_us: float = 0.0
 
     def row(self) -> str:
-        return f"{self.name:<34} {self.per_s:>9.0f}/s   p50 {self.p50_ms:7.2f} ms   p99 {self.p99_ms:7.2f} ms"
+        cpu = (f"   CPU/request: worker {self.worker_cpu_us:4.0f} µs, "
+               f"broker {self.broker_cpu_us:4.0f} µs")
+        return (f"{self.name:<34} {self.per_s:>9.0f}/s   p50 {self.p50_ms:7.2f} ms   "
+                f"p99 {self.p99_ms:7.2f} ms{cpu}")
 
 
 def envelope(rid: str) -> bytes:
@@ -84,12 +90,27 @@ class Driver:
         return time.perf_counter() - t0, self.latencies
 
 
-async def measure(name: str, driver: Driver, requests: int) -> Figures:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: Broker processes by kind ("redis", "kafka"), for CPU figures.
+BROKER_PIDS: dict[str, int] = {}
+
+
+async def measure(name: str, driver: Driver, requests: int, worker_pid: int,
+                  broker_pid: int) -> Figures:
     await driver.run(min(300, requests), f"warm-{uuid.uuid4().hex[:6]}")
+    pids = [worker_pid, broker_pid]
+    cpu0 = [cpu_seconds(pid) for pid in pids]
     elapsed, lat = await driver.run(requests, f"m-{uuid.uuid4().hex[:6]}")
+    worker_cpu, broker_cpu = (1e6 * (cpu_seconds(pid) - c0) / requests
+                              for pid, c0 in zip(pids, cpu0, strict=True))
     lat_ms = sorted(x * 1000 for x in lat)
     return Figures(name, requests / elapsed, statistics.median(lat_ms),
-                   lat_ms[int(len(lat_ms) * 0.99) - 1])
+                   lat_ms[int(len(lat_ms) * 0.99) - 1], worker_cpu, broker_cpu)
 
 
 DEBATEBUS = ["-m", "debatebus", "worker", "benchmarks.bus_apps:debatebus_app"]
@@ -114,13 +135,14 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
 
 async def scenario(name: str, driver: Driver, requests: int, worker: list[str],
                    env: dict[str, str], read: Callable[[], Awaitable[None]],
-                   *cleanups: Callable[[], Awaitable[Any]], settle_s: float = 0.0) -> Figures:
+                   *cleanups: Callable[[], Awaitable[Any]], broker: str = "redis",
+                   settle_s: float = 0.0) -> Figures:
     """Start the worker and the driver's result reader, measure, then tear everything down."""
     proc = start_worker(worker, env)
     reader_task = asyncio.create_task(read())
     try:
         await asyncio.sleep(settle_s)
-        return await measure(name, driver, requests)
+        return await measure(name, driver, requests, proc.pid, BROKER_PIDS[broker])
     finally:
         reader_task.cancel()
         stop_worker(proc)
@@ -228,7 +250,7 @@ async def kafka_run(name: str, bootstrap: str, worker: list[str], env: dict[str,
                     driver.seen(record.value)
 
     return await scenario(name, driver, requests, worker, {**env, "BENCH_REQUESTS": base}, read,
-                          producer.stop, consumer.stop)
+                          producer.stop, consumer.stop, broker="kafka")
 
 
 # ---- checkpoint size ---------------------------------------------------------------------------
@@ -267,6 +289,8 @@ async def main() -> None:
     args = parser.parse_args()
     n, k = args.requests, args.inflight
     redis_server = RedisServer.start()
+    assert redis_server.proc is not None
+    BROKER_PIDS["redis"] = redis_server.proc.pid
     url = redis_server.url
     rows: list[Figures] = []
     scenarios: list[tuple[str, Callable[[], Awaitable[Figures]]]] = [
@@ -293,6 +317,8 @@ async def main() -> None:
     tansu = None
     if not args.no_kafka:
         tansu = TansuServer.start()
+        assert tansu.proc is not None
+        BROKER_PIDS["kafka"] = tansu.proc.pid
         boot = tansu.bootstrap
         scenarios += [
             ("raw aiokafka produce+consume", lambda: kafka_run(

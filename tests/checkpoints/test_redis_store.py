@@ -89,14 +89,15 @@ async def test_key_layout(redis_server: RedisServer) -> None:
             await store.begin("d1", b"h")
             await store.append("d1", b"e1", Counters(1, 2, 3, 4))
             await store.acquire_lease("d1", "w1", 60)
-            assert await client.hget(f"{prefix}:ckpt:d1:h", "header") == b"h"
-            assert await client.hget(f"{prefix}:ckpt:d1:h", "calls") == b"4"
-            assert await client.lrange(f"{prefix}:ckpt:d1:r", 0, -1) == [b"e1"]
+            await store.append_many("d1", [b"e2", b"e3"], Counters(5, 6, 11, 7))
+            # One list: the header, then tagged entries; the newest counters ride on the last one.
+            assert await client.lrange(f"{prefix}:ckpt:d1", 0, -1) == [
+                b"h", b"c1,2,3,4;e1", b"ee2", b"c5,6,11,7;e3"]
             assert await client.get(f"{prefix}:lease:d1") == b"w1"
             assert 0 < await client.pttl(f"{prefix}:lease:d1") <= 60_000
             await store.put_result("d1", b"r")
             assert await client.get(f"{prefix}:result:d1") == b"r"
-            assert await client.exists(f"{prefix}:ckpt:d1:h", f"{prefix}:ckpt:d1:r") == 0
+            assert await client.exists(f"{prefix}:ckpt:d1") == 0
     finally:
         await client.aclose()
 

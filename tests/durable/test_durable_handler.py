@@ -67,6 +67,28 @@ async def test_resume_continues_after_last_committed_round_without_repeating_cal
     assert len(first.calls) + len(second.calls) == needed_calls(3) + 1  # + the lost call of r2
 
 
+class DoublingStore(MemoryCheckpointStore):
+    """Stores every append twice: what a client retrying an append whose reply was lost does."""
+
+    async def append_many(self, debate_id: str, entries: list[bytes], counters: Any) -> int:
+        await super().append_many(debate_id, entries, counters)
+        return await super().append_many(debate_id, entries, counters)
+
+
+async def test_resume_skips_rounds_that_were_stored_twice() -> None:
+    store = DoublingStore()
+    first = CountingLLM(crash_at=9)  # framing, r1 (3 calls), r2 (3 calls), r3: a, then crash
+    with pytest.raises(Crash):
+        await debate(first).as_handler(store=store)({"input": "t"}, request_id="twice")
+    stored = await store.load("twice")
+    assert stored is not None and len(stored.entries) == 6  # framing, r1, r2: each twice
+    second = CountingLLM()
+    result = await debate(second).as_handler(store=store)({"input": "t"}, request_id="twice")
+    assert [r["number"] for r in result["debateTranscript"]] == [1, 2, 3]
+    assert all(rnd == 3 or purpose == "synthesis" for purpose, rnd, _ in second.calls)
+    assert len(second.calls) == 3 + 1  # round 3 and the synthesis, nothing committed again
+
+
 async def test_finished_debate_is_replayed_with_zero_llm_calls() -> None:
     store = MemoryCheckpointStore()
     llm = CountingLLM()

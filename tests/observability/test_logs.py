@@ -140,6 +140,12 @@ def test_tracebacks_are_redacted(json_logs: io.StringIO) -> None:
     ("api_key=abc123def456", "api_key="),
     ('"x-api-key": "abc123def456"', '"x-api-key": "'),
     ("redis://:hunter2hunter2@redis:6379/0", "redis://:"),
+    # Upper and mixed case, every key name: redact() screens lines for clues before its regexes.
+    ("ACCESS-TOKEN: abc123def456", "ACCESS-TOKEN: "),
+    ("AuthToken=abc123def456", "AuthToken="),
+    ("Password=hunter2", "Password="),
+    ("secret = 's3cr3t-value'", "secret = '"),
+    ("BEARER abc.def.ghi", "BEARER "),
 ])
 def test_redact(secret: str, kept: str) -> None:
     clean = redact(f"before {secret} after")

@@ -120,7 +120,10 @@ class CheckpointStore(abc.ABC):
         return Opening(acquired=True, header=first, checkpoint=await self.load(debate_id))
 
     async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
-        """Append several entries (e.g. the framing with round 1); the counters after the last."""
+        """Append several entries (at least one: e.g. the framing with round 1), atomically where
+        the store can; the counters after the last. Returns the entry count."""
+        if not entries:
+            raise ValueError("append_many() needs at least one entry")
         count = 0
         for entry in entries:
             count = await self.append(debate_id, entry, counters)

@@ -2,12 +2,17 @@
 
 Layout per debate id (values are the caller's opaque bytes)::
 
-    {prefix}:ckpt:{id}:h    hash    header + counters (prompt_tokens, completion_tokens, ...)
-    {prefix}:ckpt:{id}:r    list    entries, RPUSHed: a round costs its own bytes, never a rewrite
+    {prefix}:ckpt:{id}      list    [header, entry, entry, …], RPUSHed: a round costs its own bytes
     {prefix}:result:{id}    string  final result (PX result_ttl when set)
     {prefix}:lease:{id}     string  owner, PX ttl
 
-Every operation is one round trip; the ones that must be atomic are MULTI/EXEC or a Lua script.
+Each entry element is the caller's entry behind a one-byte tag: ``e`` for a plain entry, or, on the
+last entry of each append, ``c`` and the counters (``prompt,completion,total,calls;``). The newest
+counters ride on the newest entry, so an append is a single ``RPUSHX`` — no script, no transaction —
+and ``RPUSHX`` refuses a debate whose list is gone: a stale worker appending after the final result
+replaced the checkpoint cannot resurrect it.
+
+Every operation is one round trip; the ones that must be atomic are one command or a Lua script.
 """
 
 from __future__ import annotations
@@ -38,17 +43,11 @@ from debatebus.transports.redis_common import (
 
 __all__ = ["RedisCheckpointStore"]
 
-_HEADER = b"header"
-_COUNTER_FIELDS = (b"prompt_tokens", b"completion_tokens", b"total_tokens", b"calls")
+_PLAIN, _COUNTED = b"e", b"c"
 
-# A Lua script rather than MULTI so an append can refuse a debate with no header: a stale worker
-# appending after put_result() must not resurrect a headerless checkpoint that never expires.
-_APPEND = """
-if redis.call('HEXISTS', KEYS[1], 'header') == 0 then return -1 end
-local n = redis.call('RPUSH', KEYS[2], ARGV[1])
-redis.call('HSET', KEYS[1], 'prompt_tokens', ARGV[2], 'completion_tokens', ARGV[3],
-           'total_tokens', ARGV[4], 'calls', ARGV[5])
-return n
+_BEGIN = """
+if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+return redis.call('LINDEX', KEYS[1], 0)
 """
 _ACQUIRE = """
 local current = redis.call('GET', KEYS[1])
@@ -70,21 +69,17 @@ if result then return {1, result} end
 local current = redis.call('GET', KEYS[2])
 if current and current ~= ARGV[1] then return {2, current, redis.call('PTTL', KEYS[2])} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-redis.call('HSETNX', KEYS[3], 'header', ARGV[3])
-return {0, redis.call('HGETALL', KEYS[3]), redis.call('LRANGE', KEYS[4], 0, -1)}
-"""
-_APPEND_MANY = """
-if redis.call('HEXISTS', KEYS[1], 'header') == 0 then return -1 end
-local n = redis.call('RPUSH', KEYS[2], unpack(ARGV, 5))
-redis.call('HSET', KEYS[1], 'prompt_tokens', ARGV[1], 'completion_tokens', ARGV[2],
-           'total_tokens', ARGV[3], 'calls', ARGV[4])
-return n
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('RPUSH', KEYS[3], ARGV[3])
+  return {0, {ARGV[3]}}
+end
+return {0, redis.call('LRANGE', KEYS[3], 0, -1)}
 """
 # finish(): the result, the checkpoint it supersedes gone, and our lease released, atomically.
 _FINISH = """
 if ARGV[3] == '' then redis.call('SET', KEYS[1], ARGV[1])
 else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3]) end
-redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[3])
 if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
 return 1
 """
@@ -98,16 +93,36 @@ return 0
 """
 
 
+def _tagged(entries: list[bytes], counters: Counters) -> list[bytes]:
+    c = counters
+    counted = b"c%d,%d,%d,%d;" % (c.prompt_tokens, c.completion_tokens, c.total_tokens, c.calls)
+    return [*(_PLAIN + bytes(e) for e in entries[:-1]), counted + bytes(entries[-1])]
+
+
+def _checkpoint(elements: list[Any]) -> StoredCheckpoint:
+    """The list as stored (header first, then tagged entries) → header, entries, last counters."""
+    entries: list[bytes] = []
+    counters = Counters()
+    for element in elements[1:]:
+        raw = bytes(element)
+        if raw[:1] == _COUNTED:
+            cut = raw.index(b";")
+            counters = Counters(*(int(n) for n in raw[1:cut].split(b",")))
+            entries.append(raw[cut + 1:])
+        else:
+            entries.append(raw[1:])
+    return StoredCheckpoint(bytes(elements[0]), entries, counters)
+
+
 class _Scripts:
     """The Lua scripts, registered once per client (redis-py reloads them after a restart)."""
 
     def __init__(self, client: Redis) -> None:
-        self.append: AsyncScript = client.register_script(_APPEND)
+        self.begin: AsyncScript = client.register_script(_BEGIN)
         self.acquire: AsyncScript = client.register_script(_ACQUIRE)
         self.renew: AsyncScript = client.register_script(_RENEW)
         self.release: AsyncScript = client.register_script(_RELEASE)
         self.start: AsyncScript = client.register_script(_START)
-        self.append_many: AsyncScript = client.register_script(_APPEND_MANY)
         self.finish: AsyncScript = client.register_script(_FINISH)
 
 
@@ -168,7 +183,7 @@ class RedisCheckpointStore(CheckpointStore):
 
     async def _load_scripts(self, client: Redis, scripts: _Scripts) -> None:
         with map_redis_errors(self._where):  # batched calls send EVALSHA only
-            for script in (scripts.start, scripts.append_many, scripts.finish, scripts.renew):
+            for script in (scripts.start, scripts.finish, scripts.renew):
                 script.sha = await client.script_load(script.script)
 
     async def close(self) -> None:
@@ -179,9 +194,8 @@ class RedisCheckpointStore(CheckpointStore):
         if conn is not None and self._given is None:
             await conn[0].aclose()
 
-    def _keys(self, debate_id: str) -> tuple[str, str]:
-        base = f"{self.prefix}:ckpt:{debate_id}"
-        return f"{base}:h", f"{base}:r"
+    def _key(self, debate_id: str) -> str:
+        return f"{self.prefix}:ckpt:{debate_id}"
 
     def _result_key(self, debate_id: str) -> str:
         return f"{self.prefix}:result:{debate_id}"
@@ -201,36 +215,23 @@ class RedisCheckpointStore(CheckpointStore):
     # ---- checkpoints --------------------------------------------------------------------------
 
     async def begin(self, debate_id: str, header: bytes) -> bytes:
-        h, _ = self._keys(debate_id)
-        _, stored = await self._send(("HSETNX", h, _HEADER, header), ("HGET", h, _HEADER))
-        return bytes(stored)
+        _, scripts = await self._client()
+        with map_redis_errors(self._where):
+            return bytes(await scripts.begin(keys=[self._key(debate_id)], args=[header]))
 
     async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
-        _, scripts = await self._client()
-        args = (entry, counters.prompt_tokens, counters.completion_tokens, counters.total_tokens,
-                counters.calls)
-        with map_redis_errors(self._where):
-            count = int(await scripts.append(keys=self._keys(debate_id), args=args))
-        if count < 0:
-            raise not_begun(debate_id)
-        return count
+        return await self.append_many(debate_id, [entry], counters)
 
     async def load(self, debate_id: str) -> StoredCheckpoint | None:
-        h, r = self._keys(debate_id)
-        fields, entries = await self._send(("HGETALL", h), ("LRANGE", r, 0, -1))
-        if _HEADER not in fields:
-            return None
-        counters = Counters(*(int(fields.get(name, 0)) for name in _COUNTER_FIELDS))
-        return StoredCheckpoint(bytes(fields[_HEADER]), [bytes(e) for e in entries], counters)
+        [elements] = await self._send(("LRANGE", self._key(debate_id), 0, -1), transaction=False)
+        return _checkpoint(elements) if elements else None
 
     async def size_bytes(self, debate_id: str) -> int:
         # What the server really spends (keys, encodings, allocator overhead), not payload bytes:
         # this is what capacity planning needs. SAMPLES 0 counts every list element exactly.
-        h, r = self._keys(debate_id)
-        sizes = await self._send(
-            ("MEMORY", "USAGE", h, "SAMPLES", 0), ("MEMORY", "USAGE", r, "SAMPLES", 0)
-        )
-        return sum(int(size or 0) for size in sizes)
+        [size] = await self._send(("MEMORY", "USAGE", self._key(debate_id), "SAMPLES", 0),
+                                  transaction=False)
+        return int(size or 0)
 
     # ---- results ------------------------------------------------------------------------------
 
@@ -238,7 +239,7 @@ class RedisCheckpointStore(CheckpointStore):
         expiry = () if self._result_ttl_ms is None else ("PX", self._result_ttl_ms)
         await self._send(
             ("SET", self._result_key(debate_id), result, *expiry),
-            ("DEL", *self._keys(debate_id)),
+            ("DEL", self._key(debate_id)),
         )
 
     async def get_result(self, debate_id: str) -> bytes | None:
@@ -264,18 +265,24 @@ class RedisCheckpointStore(CheckpointStore):
     async def release_lease(self, debate_id: str, owner: str) -> None:
         await self._lease_script("release", debate_id, owner)
 
-    async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """A hot-path script call, pipelined with every other made in the same loop tick."""
-        client, scripts = await self._client()
+    async def _queue(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Hot-path commands, pipelined with every other store call made in the same loop tick."""
+        if self._batch is None:
+            await self._client()
         assert self._batch is not None
+        return await self._batch.submit(commands)
+
+    async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        """A hot-path script call (EVALSHA), batched like ``_queue``."""
+        client, scripts = self._conn or await self._client()
         command = ("EVALSHA", getattr(scripts, name).sha, len(keys), *keys, *args)
         try:
-            [reply] = await self._batch.submit([command])
+            [reply] = await self._queue(command)
         except TransportError as exc:
             if not isinstance(exc.__cause__, NoScriptError):
                 raise
             await self._load_scripts(client, scripts)  # Redis restarted and forgot them
-            [reply] = await self._batch.submit([command])
+            [reply] = await self._queue(command)
         return reply
 
     async def _lease_script(
@@ -287,10 +294,10 @@ class RedisCheckpointStore(CheckpointStore):
             reply = await script(keys=[self._lease_key(debate_id)], args=[owner, *args])
         return bool(reply)
 
-    # ---- composite steps: one script, one round trip each ---------------------------------------
+    # ---- composite steps: one round trip each ---------------------------------------------------
 
     def _all_keys(self, debate_id: str) -> list[str]:
-        return [self._result_key(debate_id), self._lease_key(debate_id), *self._keys(debate_id)]
+        return [self._result_key(debate_id), self._lease_key(debate_id), self._key(debate_id)]
 
     async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes) -> Opening:
         reply = await self._batched("start", self._all_keys(debate_id),
@@ -300,19 +307,16 @@ class RedisCheckpointStore(CheckpointStore):
         if reply[0] == 2:
             holder = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             return Opening(lease=Lease(holder, max(int(reply[2]), 0) / 1000))
-        flat, entries = reply[1], reply[2]
-        fields = dict(zip(flat[::2], flat[1::2], strict=True))
-        counters = Counters(*(int(fields.get(name, 0)) for name in _COUNTER_FIELDS))
-        checkpoint = StoredCheckpoint(bytes(fields[_HEADER]), [bytes(e) for e in entries], counters)
+        checkpoint = _checkpoint(reply[1])
         return Opening(acquired=True, header=checkpoint.header, checkpoint=checkpoint)
 
     async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
-        args: list[bytes | int] = [counters.prompt_tokens, counters.completion_tokens,
-                                   counters.total_tokens, counters.calls, *entries]
-        count = int(await self._batched("append_many", list(self._keys(debate_id)), args))
-        if count < 0:
+        if not entries:
+            raise ValueError("append_many() needs at least one entry")
+        [length] = await self._queue(("RPUSHX", self._key(debate_id), *_tagged(entries, counters)))
+        if not length:
             raise not_begun(debate_id)
-        return count
+        return int(length) - 1  # the header is element 0
 
     async def finish(self, debate_id: str, owner: str, result: bytes) -> None:
         ttl: str | int = "" if self._result_ttl_ms is None else self._result_ttl_ms

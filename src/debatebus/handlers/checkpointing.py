@@ -80,14 +80,20 @@ def counters_of(progress: Progress) -> Counters:
 
 
 def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
-    """Committed framing and rounds, with verdicts re-validated by the judge's schema."""
+    """Committed framing and rounds, with verdicts re-validated by the judge's schema.
+
+    Round numbers only grow, so an entry that repeats a round is skipped: a store client that
+    retried an append whose reply was lost (redis-py and our batcher retry once on a dropped
+    connection) may have stored it twice."""
     progress = Progress()
     for raw in stored.entries:
         entry = _ENTRY_DECODER.decode(raw)
         if isinstance(entry, FramingEntry):
-            progress.framing = entry.turn
+            progress.framing = progress.framing or entry.turn
             continue
         rnd = entry.round
+        if progress.rounds and rnd.number <= progress.rounds[-1].number:
+            continue
         if spec.judge is not None and isinstance(rnd.verdict, dict):
             rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
         progress.rounds.append(rnd)

@@ -318,12 +318,23 @@ class CommandBatcher:
     async def _round_trip(self, commands: list[Command]) -> list[Any]:
         framed = [("MULTI",), *commands, ("EXEC",)] if self._transaction else commands
         payload = pack_commands(framed)
+        try:
+            return await self._exchange(payload, len(commands))
+        except redis_errors.ConnectionError:
+            # A pooled connection the server closed (a restart, an idle timeout) fails on first
+            # use. Retry once on a fresh one, as redis-py does for its own commands; a reply lost
+            # after the server ran the commands makes them run twice, which every caller
+            # tolerates (results are published at least once; checkpoint restore skips a
+            # repeated round).
+            return await self._exchange(payload, len(commands))
+
+    async def _exchange(self, payload: bytes, count: int) -> list[Any]:
         connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
         try:
             await connection.send_packed_command(payload, check_health=False)
             if self._transaction:
-                return await _read_transaction(connection, len(commands))
-            return [await _read_reply(connection) for _ in commands]
+                return await _read_transaction(connection, count)
+            return [await _read_reply(connection) for _ in range(count)]
         except BaseException:
             # A reply stream read halfway cannot serve the next caller.
             await connection.disconnect()
