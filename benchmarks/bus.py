@@ -304,6 +304,10 @@ async def main() -> None:
             "FastStream Redis Streams (16 workers)", url,
             ["benchmarks/bus_apps.py", "faststream", url, "16"], {}, n, k, field=b"__data__",
             encode=faststream_encode)),
+        ("FastStream Redis Streams (64 workers)", lambda: redis_streams_run(
+            "FastStream Redis Streams (64 workers)", url,
+            ["benchmarks/bus_apps.py", "faststream", url, "64"], {}, n, k, field=b"__data__",
+            encode=faststream_encode)),
         ("debatebus Redis Streams", lambda: redis_streams_run(
             "debatebus Redis Streams", url, DEBATEBUS, {"BENCH_BROKER": url}, n, k)),
         ("debatebus Redis Streams + checkpoints", lambda: redis_streams_run(

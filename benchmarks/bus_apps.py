@@ -54,7 +54,9 @@ def debatebus_app() -> Any:
         options["store"] = store_from_url(store, **({"prefix": "bench"} if "redis" in store else {}))
     # Tansu answers a fetch only when its wait expires, never when data arrives: wait little.
     transport = {"fetch_max_wait_ms": 5} if url.startswith("kafka://") else {}
-    bus = DebateBus(url, concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")),
+    # 64 debates at once: as many as the driver keeps in flight, so the worker is never idle with
+    # requests waiting (with 16, a durable debate's store round trips would idle it).
+    bus = DebateBus(url, concurrency=int(os.environ.get("BENCH_CONCURRENCY", "64")),
                     transport_options=transport)
     bus.subscribe(REQUESTS, instant_debate().as_handler(**options))
     return bus

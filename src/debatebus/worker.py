@@ -22,6 +22,7 @@ from typing import Any, Self
 
 import msgspec
 
+from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import request_message
 from debatebus.engine.run import OnEvent
 from debatebus.exceptions import ConfigError, InputError, LeaseLostError, TransportError
@@ -144,14 +145,24 @@ class DebateBus:
         await self.close()
 
     async def connect(self) -> None:
+        """Connect the transport and the handlers' checkpoint stores: an unreachable store fails
+        the worker at startup, not its first debate."""
         if not self._connected:
             await self.transport.connect()
+            for store in self._stores():
+                await store.connect()
             self._connected = True
 
     async def close(self) -> None:
         if self._connected:
             self._connected = False
             await self.transport.close()
+            for store in self._stores():
+                await store.close()
+
+    def _stores(self) -> list[CheckpointStore]:
+        stores = (getattr(route.handler, "store", None) for route in self.routes.values())
+        return list({id(s): s for s in stores if isinstance(s, CheckpointStore)}.values())
 
     def stop(self) -> None:
         """Stop taking new work; in-flight debates drain (``run`` returns when they're done)."""

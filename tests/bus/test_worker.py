@@ -10,10 +10,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from tests.bus.conftest import make_debate, running, transport_options
+from tests.bus.conftest import make_debate, memory_app, running, transport_options
+from tests.support.servers import free_port
 
 from debatebus import FunctionLLM, LLMRequest
+from debatebus.checkpoints import MemoryCheckpointStore, RedisCheckpointStore
 from debatebus.client import BusClient
+from debatebus.exceptions import TransportError
 from debatebus.schemas.events import EVENT_DECODER
 from debatebus.transports import Outgoing, dlq_topic, transport_from_url
 from debatebus.worker import DebateBus
@@ -211,3 +214,28 @@ async def test_stop_drains_in_flight_debates(event_type: str) -> None:
         await asyncio.wait_for(task, TIMEOUT)
         got = await asyncio.wait_for(anext(results), 5)
     assert json.loads(got.body)["requestId"] == "drain-1"
+
+
+async def test_worker_connects_its_handlers_store_at_startup_and_closes_it() -> None:
+    unreachable = RedisCheckpointStore(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5)
+    app = memory_app()
+    app.subscribe("debate:request", make_debate().as_handler(store=unreachable))
+    with pytest.raises(TransportError, match="redis-server running"):
+        await app.run()  # before taking any request, not in its first debate
+
+    class Tracked(MemoryCheckpointStore):
+        opened = closed = 0
+
+        async def connect(self) -> None:
+            self.opened += 1
+
+        async def close(self) -> None:
+            self.closed += 1
+
+    store = Tracked()
+    app = memory_app()
+    app.subscribe("debate:a", make_debate().as_handler(store=store))
+    app.subscribe("debate:b", make_debate().as_handler(store=store))  # one store, two routes
+    async with running(app):
+        assert (store.opened, store.closed) == (1, 0)
+    assert (store.opened, store.closed) == (1, 1)

@@ -17,6 +17,8 @@ Every operation is one round trip; the ones that must be atomic are one command 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 from typing import Any, Literal
 
@@ -34,12 +36,12 @@ from debatebus.checkpoints.base import (
 )
 from debatebus.exceptions import TransportError
 from debatebus.transports.redis_common import (
-    CommandBatcher,
     build_client,
     check_client,
     describe,
     map_redis_errors,
 )
+from debatebus.transports.redis_pipeline import CommandBatcher
 
 __all__ = ["RedisCheckpointStore"]
 
@@ -99,6 +101,13 @@ def _tagged(entries: list[bytes], counters: Counters) -> list[bytes]:
     return [*(_PLAIN + bytes(e) for e in entries[:-1]), counted + bytes(entries[-1])]
 
 
+def _entry_count(debate_id: str, replies: list[Any]) -> list[Any]:
+    """RPUSHX's reply (the list's new length, 0 when the list is gone) → the entry count."""
+    if not replies[0]:
+        raise not_begun(debate_id)
+    return [replies[0] - 1]  # the header is element 0
+
+
 def _checkpoint(elements: list[Any]) -> StoredCheckpoint:
     """The list as stored (header first, then tagged entries) → header, entries, last counters."""
     entries: list[bytes] = []
@@ -150,6 +159,7 @@ class RedisCheckpointStore(CheckpointStore):
         self._connect_timeout = connect_timeout
         self._where = describe(self._url, self._given)
         self._conn: tuple[Redis, _Scripts] | None = None
+        self._connecting = asyncio.Lock()
         self._batch: CommandBatcher | None = None
 
     # ---- plumbing -----------------------------------------------------------------------------
@@ -160,26 +170,27 @@ class RedisCheckpointStore(CheckpointStore):
     async def _client(self) -> tuple[Redis, _Scripts]:
         if self._conn is not None:
             return self._conn
+        async with self._connecting:  # the first debates of a worker all arrive here at once
+            if self._conn is None:
+                self._conn = await self._open()
+            return self._conn
+
+    async def _open(self) -> tuple[Redis, _Scripts]:
         client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
         try:
             with map_redis_errors(self._where):
                 await client.ping()  # fail at startup, with a clear message, not mid-debate
+            scripts = _Scripts(client)
+            await self._load_scripts(client, scripts)
         except BaseException:
             if self._given is None:
                 await client.aclose()
             raise
-        if self._conn is not None:  # another task connected while we pinged: keep theirs
-            if self._given is None:
-                await client.aclose()
-            return self._conn
-        scripts = _Scripts(client)
-        await self._load_scripts(client, scripts)
-        # The hot-path scripts go through the transports' batcher: every call made by any debate
-        # in one loop tick is one pipelined round trip.
+        # The hot-path commands go through the transports' batcher: every call made by any
+        # debate in one loop tick is one pipelined round trip.
         self._batch = CommandBatcher(client, self._where, transaction=False, timeout=30.0)
         self._batch.start()
-        self._conn = (client, scripts)
-        return self._conn
+        return client, scripts
 
     async def _load_scripts(self, client: Redis, scripts: _Scripts) -> None:
         with map_redis_errors(self._where):  # batched calls send EVALSHA only
@@ -265,24 +276,24 @@ class RedisCheckpointStore(CheckpointStore):
     async def release_lease(self, debate_id: str, owner: str) -> None:
         await self._lease_script("release", debate_id, owner)
 
-    async def _queue(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """Hot-path commands, pipelined with every other store call made in the same loop tick."""
-        if self._batch is None:
-            await self._client()
+    async def _batcher(self) -> CommandBatcher:
+        """The batcher for hot-path commands: every store call made in one loop tick is sent as
+        one pipeline."""
+        await self._client()
         assert self._batch is not None
-        return await self._batch.submit(commands)
+        return self._batch
 
     async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """A hot-path script call (EVALSHA), batched like ``_queue``."""
+        """A hot-path script call (EVALSHA), pipelined like every other hot-path command."""
         client, scripts = self._conn or await self._client()
         command = ("EVALSHA", getattr(scripts, name).sha, len(keys), *keys, *args)
         try:
-            [reply] = await self._queue(command)
+            [reply] = await (self._batch or await self._batcher()).submit([command])
         except TransportError as exc:
             if not isinstance(exc.__cause__, NoScriptError):
                 raise
             await self._load_scripts(client, scripts)  # Redis restarted and forgot them
-            [reply] = await self._queue(command)
+            [reply] = await (self._batch or await self._batcher()).submit([command])
         return reply
 
     async def _lease_script(
@@ -313,10 +324,11 @@ class RedisCheckpointStore(CheckpointStore):
     async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
         if not entries:
             raise ValueError("append_many() needs at least one entry")
-        [length] = await self._queue(("RPUSHX", self._key(debate_id), *_tagged(entries, counters)))
-        if not length:
-            raise not_begun(debate_id)
-        return int(length) - 1  # the header is element 0
+        batch = self._batch or await self._batcher()
+        [count] = await batch.enqueue(
+            [("RPUSHX", self._key(debate_id), *_tagged(entries, counters))],
+            check=functools.partial(_entry_count, debate_id))
+        return int(count)
 
     async def finish(self, debate_id: str, owner: str, result: bytes) -> None:
         ttl: str | int = "" if self._result_ttl_ms is None else self._result_ttl_ms

@@ -104,14 +104,15 @@ class DurableRunner:
     async def run(self, topic: str, debate_id: str, max_rounds: int | None,
                   request_id: str | None, on_event: OnEvent | None) -> dict[str, Any]:
         header = self._header(debate_id, topic)
-        opening = await self._open(debate_id, header)
+        encoded = encode_header(header)
+        opening = await self._open(debate_id, encoded)
         if opening.result is not None:
             if opening.acquired:
                 await self._release(debate_id)
             return _replayed(opening.result)
         finished = False
         try:
-            progress = self._restore(debate_id, topic, header, opening)
+            progress = self._restore(debate_id, topic, header, encoded, opening)
             if isinstance(progress, str):
                 return failure_fields(debate_id, progress)
             fields = await self._run_leased(topic, debate_id, max_rounds, request_id, on_event,
@@ -123,9 +124,8 @@ class DurableRunner:
             if not finished:
                 await self._release(debate_id)
 
-    async def _open(self, debate_id: str, header: CheckpointHeader) -> Opening:
+    async def _open(self, debate_id: str, encoded: bytes) -> Opening:
         """Wait while another live worker holds the debate: never start a second run of it."""
-        encoded = encode_header(header)
         while True:
             opening = await self.store.start(debate_id, self.owner, self.keeper.ttl_s, encoded)
             if opening.result is not None or opening.acquired:
@@ -144,10 +144,11 @@ class DurableRunner:
             topic=topic, created_at=now_iso(),
         )
 
-    def _restore(self, debate_id: str, topic: str, header: CheckpointHeader,
+    def _restore(self, debate_id: str, topic: str, header: CheckpointHeader, encoded: bytes,
                  opening: Opening) -> Progress | str | None:
         """Committed progress (None when fresh), or why it can't be resumed."""
-        first = decode_header(opening.header) if opening.header else header
+        stored = opening.header
+        first = header if stored is None or stored == encoded else decode_header(stored)
         if first.topic != topic:
             return (f"debate {debate_id!r} was started on another topic ({first.topic[:80]!r}): "
                     'send a new debateId, or "replay": "rerun" to start afresh')
@@ -156,44 +157,49 @@ class DurableRunner:
                     f"checkpointed (definition {first.definition_hash} → "
                     f"{header.definition_hash}): resume with drift='loose', or send "
                     '"replay": "rerun" to start afresh')
-        stored = opening.checkpoint
-        if stored is None or (not stored.entries and stored.counters.calls == 0):
+        checkpoint = opening.checkpoint
+        if checkpoint is None or (not checkpoint.entries and checkpoint.counters.calls == 0):
             return None
-        return restore_progress(stored, self.debate.spec)
+        return restore_progress(checkpoint, self.debate.spec)
 
     async def _run_leased(self, topic: str, debate_id: str, max_rounds: int | None,
                           request_id: str | None, on_event: OnEvent | None,
                           progress: Progress | None) -> dict[str, Any]:
-        framing: list[bytes] = []
-
-        async def commit(state: Progress, item: Turn | Round) -> None:
-            # The framing rides with round 1's commit: one round trip fewer per debate, and a
-            # crash in between only costs the framing call again.
-            if isinstance(item, Turn):
-                framing.append(encode_entry(item))
-                return
-            entries = [*framing, encode_entry(item)]
-            framing.clear()
-            await self.store.append_many(debate_id, entries, counters_of(state))
-
+        commits = _Commits(self.store, debate_id)
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.
         task = asyncio.current_task()
         assert task is not None
         self.keeper.track(debate_id, task)
-        lost = LeaseLostError(
-            f"lost the lease on debate {debate_id!r}: another worker may resume it")
         try:
             result = await self.debate.run(
                 topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,
-                resume=progress, on_commit=commit, request_id=request_id)
+                resume=progress, on_commit=commits, request_id=request_id)
         except asyncio.CancelledError:
             if self.keeper.untrack(debate_id) and task.uncancel() == 0:
-                raise lost from None
+                raise _lease_lost(debate_id) from None
             raise
         if self.keeper.untrack(debate_id):  # lost as the debate ended: don't publish it
-            raise lost
+            raise _lease_lost(debate_id)
         return result_fields(result)
+
+
+class _Commits:
+    """A run's ``on_commit`` hook: the framing and every round are written before the debate goes
+    on, so a crash costs at most the calls of the step it interrupted."""
+
+    __slots__ = ("debate_id", "store")
+
+    def __init__(self, store: CheckpointStore, debate_id: str) -> None:
+        self.store = store
+        self.debate_id = debate_id
+
+    async def __call__(self, state: Progress, item: Turn | Round) -> None:
+        await self.store.append_many(self.debate_id, [encode_entry(item)], counters_of(state))
+
+
+def _lease_lost(debate_id: str) -> LeaseLostError:
+    return LeaseLostError(f"lost the lease on debate {debate_id!r}: another worker may resume it")
 
 
 def _replayed(stored: bytes) -> dict[str, Any]:

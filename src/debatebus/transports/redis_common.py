@@ -1,5 +1,5 @@
-"""What both Redis transports share: the client builder, the redis→TransportError mapping, and the
-batcher that sends every command queued in one event-loop tick as a single pipeline.
+"""What the Redis transports and the Redis checkpoint store share: the client builder, the
+redis→TransportError mapping and the command packer (the batcher is in ``redis_pipeline``).
 
 Timeouts: clients are built without a per-read socket timeout (redis-py would arm one for every
 reply of a pipeline); each call is bounded as a whole instead (``redis_call``).
@@ -10,8 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import (
+    AsyncIterator,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +23,6 @@ from urllib.parse import urlsplit
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.connection import (
-    AbstractConnection,
     Connection,
     SSLConnection,
     UnixDomainSocketConnection,
@@ -39,7 +42,7 @@ except ImportError:  # hiredis is optional (the redis extra brings it): fall bac
 
 __all__ = [
     "NO_HEADERS",
-    "CommandBatcher",
+    "Command",
     "ReadTracker",
     "build_client",
     "describe",
@@ -54,8 +57,6 @@ log = logging.getLogger("debatebus.transports.redis")
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 #: A command as its arguments: ``("XADD", stream, "*", field, value…)``; str, bytes or int.
 Command = tuple[Any, ...]
-#: What an acknowledgement needs: (stream, group, entry id).
-AckTarget = tuple[str, str, str]
 
 
 class _HiredisPacking:
@@ -235,153 +236,3 @@ class ReadTracker:
     async def wait_idle(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
-
-
-@dataclass(slots=True)
-class _Job:
-    commands: Sequence[Command]
-    ack: AckTarget | None
-    future: asyncio.Future[list[Any]]
-
-
-class CommandBatcher:
-    """Micro-batching: ``submit`` queues commands and waits; one flusher task sends everything
-    queued during the same loop tick as one pipeline (one MULTI/EXEC when ``transaction``), with
-    one ``XACK`` per stream and group for all the acknowledgements in it.
-
-    Each caller gets the replies to its own commands, or a ``TransportError`` when they — or the
-    ``XACK`` their acknowledgement rode on — failed, or the whole pipeline did. Redis does not roll
-    back a transaction whose command fails at run time; the only such failure possible here is a
-    ``WRONGTYPE`` (a topic name taken by a non-stream key), reported to the job it belongs to.
-    """
-
-    def __init__(self, client: Redis, where: str, *, transaction: bool, timeout: float) -> None:
-        self._pool = client.connection_pool
-        self._where = where
-        self._transaction = transaction
-        self._timeout = timeout
-        self._queue: list[_Job] = []
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._stopping = False
-            self._task = asyncio.create_task(self._run(), name="debatebus-redis-flusher")
-
-    async def stop(self) -> None:
-        """Flush what is queued, then end the flusher."""
-        if self._task is None:
-            return
-        self._stopping = True
-        self._wake.set()
-        task, self._task = self._task, None
-        await task
-
-    async def submit(self, commands: Sequence[Command], ack: AckTarget | None = None) -> list[Any]:
-        if self._task is None or self._stopping:
-            raise TransportError("the Redis transport is not connected: call connect() or use async with")
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Job(commands, ack, future))
-        self._wake.set()
-        # A cancelled caller does not unqueue its job: half-settled states are worse than a late one.
-        return await future
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if self._queue:
-                batch, self._queue = self._queue, []
-                await self._flush(batch)
-            elif self._stopping:
-                return
-
-    async def _flush(self, batch: list[_Job]) -> None:
-        commands: list[Command] = [command for job in batch for command in job.commands]
-        acks: dict[tuple[str, str], list[_Job]] = {}
-        for job in batch:
-            if job.ack is not None:
-                acks.setdefault(job.ack[:2], []).append(job)
-        for (stream, group), jobs in acks.items():
-            commands.append(("XACK", stream, group, *[job.ack[2] for job in jobs if job.ack]))
-        try:
-            async with redis_call(self._where, self._timeout):
-                replies = await self._round_trip(commands)
-        except Exception as e:  # whatever it is, the flusher must live on and every caller hear
-            for job in batch:
-                _fail(job, e)
-            return
-        self._settle(batch, list(acks.values()), replies)
-
-    async def _round_trip(self, commands: list[Command]) -> list[Any]:
-        framed = [("MULTI",), *commands, ("EXEC",)] if self._transaction else commands
-        payload = pack_commands(framed)
-        try:
-            return await self._exchange(payload, len(commands))
-        except redis_errors.ConnectionError:
-            # A pooled connection the server closed (a restart, an idle timeout) fails on first
-            # use. Retry once on a fresh one, as redis-py does for its own commands; a reply lost
-            # after the server ran the commands makes them run twice, which every caller
-            # tolerates (results are published at least once; checkpoint restore skips a
-            # repeated round).
-            return await self._exchange(payload, len(commands))
-
-    async def _exchange(self, payload: bytes, count: int) -> list[Any]:
-        connection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            await connection.send_packed_command(payload, check_health=False)
-            if self._transaction:
-                return await _read_transaction(connection, count)
-            return [await _read_reply(connection) for _ in range(count)]
-        except BaseException:
-            # A reply stream read halfway cannot serve the next caller.
-            await connection.disconnect()
-            raise
-        finally:
-            await self._pool.release(connection)
-
-    def _settle(self, batch: list[_Job], ack_owners: list[list[_Job]], replies: list[Any]) -> None:
-        # Replies come in queue order: each job's own commands, then one XACK per (stream, group).
-        for jobs, reply in zip(ack_owners, replies[len(replies) - len(ack_owners):], strict=True):
-            if isinstance(reply, Exception):
-                for job in jobs:
-                    _fail(job, transport_error(reply, self._where))
-        start = 0
-        for job in batch:
-            mine = replies[start:start + len(job.commands)]
-            start += len(job.commands)
-            failed = next((r for r in mine if isinstance(r, Exception)), None)
-            if failed is not None:
-                _fail(job, transport_error(failed, self._where))
-            elif not job.future.done():
-                job.future.set_result(mine)
-
-
-async def _read_reply(connection: AbstractConnection) -> Any:
-    try:
-        return await connection.read_response()
-    except redis_errors.ResponseError as e:  # one command's failure, not the connection's
-        return e
-
-
-async def _read_transaction(connection: AbstractConnection, count: int) -> list[Any]:
-    """Read ``+OK``, ``count`` × ``+QUEUED`` and the EXEC array; a command refused while queueing
-    aborts the whole transaction (EXECABORT), and its own error is the one worth raising."""
-    refused = [r for r in [await _read_reply(connection) for _ in range(count + 1)]
-               if isinstance(r, Exception)]
-    try:
-        replies = await connection.read_response()
-    except redis_errors.ExecAbortError:
-        if refused:
-            raise refused[0] from None
-        raise
-    if not isinstance(replies, list) or len(replies) != count:
-        raise redis_errors.ResponseError(f"EXEC answered {replies!r} to {count} commands")
-    return replies
-
-
-def _fail(job: _Job, error: BaseException) -> None:
-    if not job.future.done():
-        job.future.set_exception(error)

@@ -32,13 +32,13 @@ from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport
 from debatebus.transports.redis_common import (
     NO_HEADERS,
-    CommandBatcher,
     ReadTracker,
     build_client,
     check_client,
     describe,
     redis_call,
 )
+from debatebus.transports.redis_pipeline import CommandBatcher
 from debatebus.transports.redis_streams import RedisStreamsTransport
 
 __all__ = ["RedisPubSubTransport"]

@@ -40,7 +40,6 @@ from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.redis_common import (
     NO_HEADERS,
-    CommandBatcher,
     ReadTracker,
     build_client,
     check_client,
@@ -48,6 +47,7 @@ from debatebus.transports.redis_common import (
     log,
     redis_call,
 )
+from debatebus.transports.redis_pipeline import CommandBatcher
 
 __all__ = [
     "DELIVERIES_HEADER",

@@ -1,0 +1,97 @@
+"""The command batcher on a real redis-server: pipelines in order, per-job errors, a server that
+goes quiet or restarts, and the connection handed back to redis-py's pool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from tests.support.servers import RedisServer
+
+from debatebus.exceptions import TransportError
+from debatebus.transports.redis_common import build_client
+from debatebus.transports.redis_pipeline import CommandBatcher
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def client(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = build_client(redis_server.url, connect_timeout=5.0)
+    yield client
+    await client.aclose()
+
+
+async def test_jobs_of_one_tick_share_a_pipeline_and_keep_their_order(client: Redis) -> None:
+    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher.start()
+    try:
+        # 200 jobs queued without awaiting: each gets its own replies, in queue order.
+        futures = [batcher.enqueue([("RPUSH", "pipe:order", str(i)), ("LLEN", "pipe:order")])
+                   for i in range(200)]
+        replies = [await f for f in futures]
+        assert replies == [[i + 1, i + 1] for i in range(200)]
+        assert await client.lrange("pipe:order", 0, -1) == [str(i).encode() for i in range(200)]
+    finally:
+        await batcher.stop()
+
+
+async def test_a_failing_command_fails_only_its_own_job(client: Redis) -> None:
+    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher.start()
+    try:
+        await client.set("pipe:string", "x")
+        good = batcher.enqueue([("INCR", "pipe:counter")])
+        bad = batcher.enqueue([("RPUSH", "pipe:string", "y")])  # WRONGTYPE
+        checked = batcher.enqueue([("GET", "pipe:string")], check=lambda r: [r[0].decode()])
+        assert await good == [1]
+        with pytest.raises(TransportError, match="WRONGTYPE"):
+            await bad
+        assert await checked == ["x"]
+    finally:
+        await batcher.stop()
+
+
+async def test_a_silent_server_times_out_and_the_next_pipeline_reconnects(client: Redis) -> None:
+    batcher = CommandBatcher(client, "test", transaction=True, timeout=0.3)
+    batcher.start()
+    pauser = Redis(connection_pool=client.connection_pool)
+    try:
+        assert await batcher.submit([("SET", "pipe:k", "1")]) == [b"OK"]
+        await pauser.execute_command("CLIENT", "PAUSE", "1500", "ALL")
+        with pytest.raises(TransportError, match="did not answer in time"):
+            await batcher.submit([("GET", "pipe:k")])
+        await asyncio.sleep(1.5)  # the pause is over
+        assert await batcher.submit([("GET", "pipe:k")]) == [b"1"]
+    finally:
+        await batcher.stop()
+
+
+async def test_a_restarted_server_is_reconnected_to_without_losing_a_job() -> None:
+    server = RedisServer.start(appendonly=True)
+    client = build_client(server.url, connect_timeout=5.0)
+    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher.start()
+    try:
+        assert await batcher.submit([("SET", "pipe:k", "before")]) == [b"OK"]
+        await asyncio.to_thread(server.restart)
+        # The old connection died while idle: the next job goes out on a new one.
+        assert await batcher.submit([("GET", "pipe:k")]) == [b"before"]
+    finally:
+        await batcher.stop()
+        await client.aclose()
+        server.stop()
+
+
+async def test_stop_sends_what_is_queued_and_hands_the_connection_back(client: Redis) -> None:
+    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher.start()
+    queued = batcher.enqueue([("SET", "pipe:last", "sent")])
+    await batcher.stop()
+    assert await queued == [b"OK"]
+    with pytest.raises(TransportError, match="not connected"):
+        batcher.enqueue([("PING",)])
+    # The pool's connections still work for redis-py itself, and closing it does not hang.
+    assert await asyncio.wait_for(client.get("pipe:last"), 5) == b"sent"
