@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, free_port
 
 from debatebus.exceptions import TransportError
 from debatebus.transports.redis_common import build_client
@@ -95,3 +95,20 @@ async def test_stop_sends_what_is_queued_and_hands_the_connection_back(client: R
         batcher.enqueue([("PING",)])
     # The pool's connections still work for redis-py itself, and closing it does not hang.
     assert await asyncio.wait_for(client.get("pipe:last"), 5) == b"sent"
+
+
+async def test_nothing_waits_forever_on_an_unreachable_server() -> None:
+    client = build_client(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5)
+    batcher = CommandBatcher(client, "nowhere", transaction=True, timeout=0.5)
+    batcher.start()
+    try:
+        with pytest.raises(TransportError, match="redis-server running"):
+            await asyncio.wait_for(batcher.submit([("PING",)]), 10)
+        # Stopped while the next connection attempt is still under way: the job fails, now.
+        pending = batcher.enqueue([("PING",)])
+        await asyncio.wait_for(batcher.stop(), 10)
+        with pytest.raises(TransportError):
+            await asyncio.wait_for(pending, 1)
+    finally:
+        await batcher.stop()
+        await client.aclose()

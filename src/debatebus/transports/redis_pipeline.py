@@ -147,6 +147,13 @@ class CommandBatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._connecting
         await self._let_go()
+        # What never reached Redis (a reconnect still pending, or no reply in time) fails: no
+        # caller is left waiting on a batcher that is gone.
+        unsent = [job for batch in self._waiting for job in batch] + self._queue
+        self._waiting, self._queue = [], []
+        for job in unsent:
+            _fail(job, TransportError(f"the connection to Redis at {self._where} was closed "
+                                      "before this command was sent"))
 
     async def submit(self, commands: Sequence[Command], ack: AckTarget | None = None) -> list[Any]:
         # A cancelled caller does not unqueue its job: half-settled states are worse than a late one.
@@ -172,6 +179,8 @@ class CommandBatcher:
     def _flush(self) -> None:
         self._scheduled = False
         if not self._queue:
+            return
+        if not self._started:  # stopped while a reconnect was pending: stop() fails these
             return
         batch, self._queue = self._queue, []
         self._idle.clear()
