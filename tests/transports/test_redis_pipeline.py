@@ -1,14 +1,17 @@
 """The command batcher on a real redis-server: pipelines in order, per-job errors, a server that
-goes quiet or restarts, and the connection handed back to redis-py's pool."""
+goes quiet, restarts or is unreachable, TLS, and the connection handed back to redis-py's pool."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
-from tests.support.servers import RedisServer, free_port
+from tests.support.servers import RedisServer, free_port, wait_for_port
 
 from debatebus.exceptions import TransportError
 from debatebus.transports.redis_common import build_client
@@ -112,3 +115,43 @@ async def test_nothing_waits_forever_on_an_unreachable_server() -> None:
     finally:
         await batcher.stop()
         await client.aclose()
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[str]:
+    """A redis-server speaking only TLS, with a throwaway self-signed certificate."""
+    openssl, server = shutil.which("openssl"), shutil.which("redis-server")
+    if openssl is None or server is None:
+        pytest.skip("needs openssl and redis-server")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", "0", "--tls-port", str(port), "--tls-cert-file",
+                             str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                             "--tls-auth-clients", "no", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, proc=proc)
+    except RuntimeError:
+        pytest.skip("this redis-server was built without TLS")
+    try:
+        yield f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_the_socket_is_taken_over_after_a_tls_handshake_too(tls_server: str) -> None:
+    client = build_client(tls_server, connect_timeout=5.0)
+    batcher = CommandBatcher(client, "tls", transaction=True, timeout=10.0)
+    batcher.start()
+    try:
+        futures = [batcher.enqueue([("RPUSH", "pipe:tls", str(i))]) for i in range(100)]
+        assert [await f for f in futures] == [[i + 1] for i in range(100)]
+    finally:
+        await batcher.stop()
+    assert await asyncio.wait_for(client.llen("pipe:tls"), 5) == 100
+    await client.aclose()
