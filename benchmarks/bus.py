@@ -38,7 +38,7 @@ class Figures:
     per_s: float
     p50_ms: float
     p99_ms: float
-    #: CPU time per request (µs) of the worker process and of redis-server, when measured.
+    #: CPU time per request (µs) of the worker process and of the broker (redis-server, Tansu).
     worker_cpu_us: float = 0.0
     broker_cpu_us: float = 0.0
 
