@@ -165,7 +165,11 @@ class DurableRunner:
     async def _run_leased(self, topic: str, debate_id: str, max_rounds: int | None,
                           request_id: str | None, on_event: OnEvent | None,
                           progress: Progress | None) -> dict[str, Any]:
-        commits = _Commits(self.store, debate_id)
+        async def commit(state: Progress, item: Turn | Round) -> None:
+            # The framing and every round are written before the debate goes on, so a crash
+            # costs at most the calls of the step it interrupted.
+            await self.store.append_many(debate_id, [encode_entry(item)], counters_of(state))
+
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.
         task = asyncio.current_task()
@@ -174,7 +178,7 @@ class DurableRunner:
         try:
             result = await self.debate.run(
                 topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,
-                resume=progress, on_commit=commits, request_id=request_id)
+                resume=progress, on_commit=commit, request_id=request_id)
         except asyncio.CancelledError:
             if self.keeper.untrack(debate_id) and task.uncancel() == 0:
                 raise _lease_lost(debate_id) from None
@@ -182,20 +186,6 @@ class DurableRunner:
         if self.keeper.untrack(debate_id):  # lost as the debate ended: don't publish it
             raise _lease_lost(debate_id)
         return result_fields(result)
-
-
-class _Commits:
-    """A run's ``on_commit`` hook: the framing and every round are written before the debate goes
-    on, so a crash costs at most the calls of the step it interrupted."""
-
-    __slots__ = ("debate_id", "store")
-
-    def __init__(self, store: CheckpointStore, debate_id: str) -> None:
-        self.store = store
-        self.debate_id = debate_id
-
-    async def __call__(self, state: Progress, item: Turn | Round) -> None:
-        await self.store.append_many(self.debate_id, [encode_entry(item)], counters_of(state))
 
 
 def _lease_lost(debate_id: str) -> LeaseLostError:
