@@ -54,6 +54,12 @@ class Opening:
     lease: Lease | None = None
 
 
+def require_entries(entries: list[bytes]) -> None:
+    """``append_many`` appends at least one entry, in every store."""
+    if not entries:
+        raise ValueError("append_many() needs at least one entry")
+
+
 class CheckpointStore(abc.ABC):
     """Checkpoints, results and leases by debate id. Implementations: memory, SQLite, Redis."""
 
@@ -122,8 +128,7 @@ class CheckpointStore(abc.ABC):
     async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
         """Append several entries (at least one: e.g. the framing with round 1), atomically where
         the store can; the counters after the last. Returns the entry count."""
-        if not entries:
-            raise ValueError("append_many() needs at least one entry")
+        require_entries(entries)
         count = 0
         for entry in entries:
             count = await self.append(debate_id, entry, counters)

@@ -33,6 +33,7 @@ from debatebus.checkpoints.base import (
     Lease,
     Opening,
     StoredCheckpoint,
+    require_entries,
 )
 from debatebus.exceptions import TransportError
 from debatebus.transports.redis_common import (
@@ -322,8 +323,7 @@ class RedisCheckpointStore(CheckpointStore):
         return Opening(acquired=True, header=checkpoint.header, checkpoint=checkpoint)
 
     async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
-        if not entries:
-            raise ValueError("append_many() needs at least one entry")
+        require_entries(entries)
         batch = self._batch or await self._batcher()
         [count] = await batch.enqueue(
             [("RPUSHX", self._key(debate_id), *_tagged(entries, counters))],
