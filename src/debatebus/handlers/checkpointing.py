@@ -82,8 +82,8 @@ def counters_of(progress: Progress) -> Counters:
 def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
     """Committed framing and rounds, with verdicts re-validated by the judge's schema.
 
-    Round numbers only grow, so an entry that repeats a round is skipped: a client that retries
-    an append whose reply was lost (redis-py does, on a dropped connection) may store it twice."""
+    Round numbers only grow, so an entry that repeats a round is skipped: an append retried after
+    its reply was lost (by a store's client library, or a custom store) may be stored twice."""
     progress = Progress()
     for raw in stored.entries:
         entry = _ENTRY_DECODER.decode(raw)
