@@ -22,6 +22,7 @@ __all__ = [
     "LLMResponseError",
     "LLMTimeoutError",
     "LeaseLostError",
+    "MessageTooLargeError",
     "ModelRequestsNotAllowedError",
     "ScriptExhaustedError",
     "TransportError",
@@ -42,6 +43,16 @@ class InputError(DebatebusError, ValueError):
 
 class TransportError(DebatebusError):
     """The broker failed or could not be reached: operators must act (or a retry may help)."""
+
+
+class MessageTooLargeError(TransportError):
+    """The broker refused a message as too large. ``size`` is the message's size in bytes and
+    ``limit`` the broker's (or the transport's configured) maximum."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
 
 
 class DriftError(DebatebusError):

@@ -102,6 +102,12 @@ class Transport(abc.ABC):
         settling. Awaiting it establishes the position (so a request published next cannot slip
         past its listener); iterating yields messages; ``aclose()`` on the iterator stops it."""
 
+    def release(self, delivery: Delivery) -> None:  # noqa: B027 - optional hook
+        """Stop holding ``delivery`` without settling it, so the broker hands it out again: for a
+        delivery whose settle kept failing, or whose debate lease was lost. Streams: stop keeping
+        it alive, so it is claimed after ``claim_idle_ms``; Kafka: hand it out again from the
+        same consumer (the partition is not blocked). Never raises."""
+
     async def touch(self, deliveries: Sequence[Delivery]) -> None:  # noqa: B027 - optional hook
         """Tell the broker these deliveries are still being worked on, so a long debate is not
         reclaimed from a live worker (Streams: reset their idle time). A no-op where the broker
