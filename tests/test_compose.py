@@ -40,6 +40,11 @@ def test_every_service_has_a_healthcheck_and_the_worker_uses_debatebus_check() -
     assert services["worker"]["healthcheck"]["test"][:3] == ["CMD", "debatebus", "check"]
 
 
+def test_every_service_restarts_unless_stopped() -> None:
+    for name, service in compose()["services"].items():
+        assert service.get("restart") == "unless-stopped", name
+
+
 def test_the_dockerfile_builds_what_the_worker_runs() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "scripts/install-local-model.sh" in dockerfile  # the local model, built portably
