@@ -1,5 +1,6 @@
 """The command batcher on a real redis-server: pipelines in order, per-job errors, a server that
-goes quiet, restarts or is unreachable, TLS, and the connection handed back to redis-py's pool."""
+goes quiet, restarts or is unreachable, TLS, and a client that keeps working after the batcher
+stops (the batcher's connection is its own: see test_redis_connection.py for the rest)."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ async def test_a_restarted_server_is_reconnected_to_without_losing_a_job() -> No
         server.stop()
 
 
-async def test_stop_sends_what_is_queued_and_hands_the_connection_back(client: Redis) -> None:
+async def test_stop_sends_what_is_queued_and_leaves_the_client_working(client: Redis) -> None:
     batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
     batcher.start()
     queued = batcher.enqueue([("SET", "pipe:last", "sent")])
@@ -96,7 +97,7 @@ async def test_stop_sends_what_is_queued_and_hands_the_connection_back(client: R
     assert await queued == [b"OK"]
     with pytest.raises(TransportError, match="not connected"):
         batcher.enqueue([("PING",)])
-    # The pool's connections still work for redis-py itself, and closing it does not hang.
+    # The client's own connections are untouched, and closing it does not hang.
     assert await asyncio.wait_for(client.get("pipe:last"), 5) == b"sent"
 
 
@@ -144,7 +145,7 @@ def tls_server(tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
-async def test_the_socket_is_taken_over_after_a_tls_handshake_too(tls_server: str) -> None:
+async def test_the_batcher_opens_its_own_tls_connection(tls_server: str) -> None:
     client = build_client(tls_server, connect_timeout=5.0)
     batcher = CommandBatcher(client, "tls", transaction=True, timeout=10.0)
     batcher.start()
@@ -155,3 +156,15 @@ async def test_the_socket_is_taken_over_after_a_tls_handshake_too(tls_server: st
         await batcher.stop()
     assert await asyncio.wait_for(client.llen("pipe:tls"), 5) == 100
     await client.aclose()
+
+
+async def test_a_certificate_that_cannot_be_verified_is_a_tls_error(tls_server: str) -> None:
+    client = build_client(tls_server.split("?")[0], connect_timeout=5.0)  # no ssl_ca_certs
+    batcher = CommandBatcher(client, "tls", transaction=False, timeout=5.0)
+    batcher.start()
+    try:
+        with pytest.raises(TransportError, match="TLS handshake"):
+            await batcher.submit([("PING",)])
+    finally:
+        await batcher.stop()
+        await client.aclose()

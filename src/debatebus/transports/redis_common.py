@@ -1,5 +1,5 @@
 """What the Redis transports and the Redis checkpoint store share: the client builder, the
-redis→TransportError mapping and the command packer (the batcher is in ``redis_pipeline``).
+redis→debatebus error mapping and the command packer (the batcher is in ``redis_pipeline``).
 
 Timeouts: clients are built without a per-read socket timeout (redis-py would arm one for every
 reply of a pipeline); each call is bounded as a whole instead (``redis_call``).
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import (
     AsyncIterator,
     Iterable,
@@ -135,11 +136,12 @@ def describe(url: str | None, client: Redis | None = None) -> str:
 
 def _explain(error: BaseException, where: str) -> str:
     cause = f"({type(error).__name__}: {error})"
-    if isinstance(error, redis_errors.AuthenticationError | redis_errors.AuthorizationError):
-        return f"Redis at {where} refused the credentials: check user and password in the URL {cause}"
     if isinstance(error, redis_errors.TimeoutError | TimeoutError):
         return (f"Redis at {where} did not answer in time: check the server's load and the network,"
                 f" or raise connect_timeout/command_timeout {cause}")
+    if isinstance(error, ssl.SSLError):
+        return (f"the TLS handshake with Redis at {where} failed: check the server's certificate"
+                f" and the URL's ssl_* options (ssl_ca_certs, ssl_cert_reqs…) {cause}")
     if isinstance(error, redis_errors.ConnectionError | OSError):
         return f"cannot reach Redis at {where}: is redis-server running there? {cause}"
     if isinstance(error, redis_errors.ReadOnlyError):
@@ -156,15 +158,24 @@ def _explain(error: BaseException, where: str) -> str:
     return f"Redis at {where} failed: {cause}"
 
 
-def transport_error(error: BaseException, where: str) -> TransportError:
-    mapped = TransportError(_explain(error, where))
+def transport_error(error: BaseException, where: str) -> TransportError | ConfigError:
+    """``error`` as the debatebus error callers catch, the original as its cause: a
+    ``ConfigError`` when Redis refused the credentials (wrong auth is misconfiguration: retrying
+    cannot fix it), a ``TransportError`` otherwise. Messages never quote the credentials."""
+    mapped: TransportError | ConfigError
+    if isinstance(error, redis_errors.AuthenticationError | redis_errors.AuthorizationError):
+        mapped = ConfigError(f"Redis at {where} refused the credentials: check the user and"
+                             f" password in the URL ({type(error).__name__}: {error})")
+    else:
+        mapped = TransportError(_explain(error, where))
     mapped.__cause__ = error
     return mapped
 
 
 @contextlib.contextmanager
 def map_redis_errors(where: str) -> Iterator[None]:
-    """Re-raise every redis-py (and socket) error as ``TransportError``, the original as cause."""
+    """Re-raise every redis-py (and socket) error as ``TransportError`` (``ConfigError`` for
+    refused credentials), the original as cause."""
     try:
         yield
     except (redis_errors.RedisError, OSError) as e:

@@ -1,31 +1,42 @@
 """The Redis command batcher: every command queued in one event-loop tick goes out as one
 pipeline, on a connection of its own whose replies are parsed as they arrive.
 
-redis-py opens the connection (TLS, AUTH, SELECT, HELLO: everything its URL options say), then
-the batcher takes the socket over with an ``asyncio.Protocol`` of its own. Pipelines are written
-back to back without waiting for the previous one's replies; hiredis parses each chunk of replies
-the moment it arrives and every caller's future is settled from that callback. Compared with
-reading each reply through ``Connection.read_response`` from a flusher task, this saves a task
-switch per pipeline and a coroutine per reply — most of what a checkpoint commit costs the worker.
+The batcher owns its connection outright: it opens the socket with asyncio (TCP, TLS or a unix
+socket, as the client's URL says), authenticates (``AUTH``), selects the db (``SELECT``) and reads
+the replies with hiredis's ``Reader`` — public APIs only; redis-py's own connections are never
+touched, so the client and the batcher close in any order.
+
+**The connection speaks RESP2, whatever the URL says**: it never sends ``HELLO``, so
+``?protocol=3`` applies to the client's connections, not to this one, and no RESP3 push frame can
+arrive on it. As a defence all the same, every pipeline ends with ``ECHO <token>``: a pipeline is
+settled only once its last reply is its own token, so a frame nobody asked for (which would shift
+every later reply by one) fails the pipelines in flight and closes the connection instead of
+handing one caller another's reply. (So the Redis user needs ``ECHO``, which ``+@all`` and
+``+@connection`` include.)
+
+Pipelines are written back to back without waiting for the previous one's replies; hiredis parses
+each chunk of replies the moment it arrives and every caller's future is settled from that
+callback, which spares a task switch per pipeline and a coroutine per reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import socket
+import ssl
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 from redis import exceptions as redis_errors
-from redis._parsers.base import BaseParser
-from redis.asyncio import Redis
-from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import InvalidResponse
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import SSLConnection
 
-from debatebus.exceptions import TransportError
+from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 from debatebus.transports.redis_common import Command, pack_commands, transport_error
 
 __all__ = ["AckTarget", "Check", "CommandBatcher"]
@@ -37,6 +48,122 @@ Check = Callable[[list[Any]], list[Any]]
 
 _MORE = object()  # hiredis: not enough data for a whole reply yet
 
+#: Error replies by their first word, as redis-py's public exception classes (so ``NOSCRIPT`` is a
+#: ``NoScriptError``); anything else is a ``ResponseError``. The message keeps the first word.
+_ERRORS_BY_CODE: Mapping[str, type[redis_errors.RedisError]] = {
+    "WRONGPASS": redis_errors.AuthenticationError,
+    "NOAUTH": redis_errors.AuthenticationError,
+    "NOPERM": redis_errors.NoPermissionError,
+    "EXECABORT": redis_errors.ExecAbortError,
+    "LOADING": redis_errors.BusyLoadingError,
+    "NOSCRIPT": redis_errors.NoScriptError,
+    "READONLY": redis_errors.ReadOnlyError,
+    "OOM": redis_errors.OutOfMemoryError,
+    "MASTERDOWN": redis_errors.MasterDownError,
+    "TRYAGAIN": redis_errors.TryAgainError,
+}
+#: ``ERR`` replies worth a class of their own, by how their text starts.
+_ERR_BY_TEXT: Mapping[str, type[redis_errors.RedisError]] = {
+    "ERR max number of clients reached": redis_errors.ConnectionError,
+    "ERR invalid password": redis_errors.AuthenticationError,
+    "ERR AUTH <password> called without any password": redis_errors.AuthenticationError,
+    "ERR Client sent AUTH, but no password is set": redis_errors.AuthenticationError,
+}
+
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+def _reply_error(text: str) -> redis_errors.RedisError:
+    """hiredis's ``replyError`` hook: an error reply → the redis-py exception it stands for."""
+    kind = _ERRORS_BY_CODE.get(text.split(" ", 1)[0])
+    if kind is None and text.startswith("ERR "):
+        kind = next((k for prefix, k in _ERR_BY_TEXT.items() if text.startswith(prefix)), None)
+    return (kind or redis_errors.ResponseError)(text)
+
+
+# ---- where and how to connect -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    """The connection settings, read from the client's public pool settings."""
+
+    host: str
+    port: int
+    path: str | None
+    tls: ssl.SSLContext | None
+    connect_timeout: float
+    keepalive: bool
+    db: int
+    client_name: str | None
+    username: str | None = field(repr=False)
+    password: str | None = field(repr=False)
+    credentials: Any = field(repr=False)  # a redis-py CredentialProvider, or None
+
+    @classmethod
+    def of(cls, pool: ConnectionPool, default_timeout: float) -> _Endpoint:
+        kwargs: Mapping[str, Any] = pool.connection_kwargs
+        if "host" not in kwargs and "path" not in kwargs:  # e.g. a Sentinel-managed pool
+            raise ConfigError("the Redis batcher needs a client with a host and port or a unix "
+                              "socket path (a redis://, rediss:// or unix:// URL)")
+        tls = _tls_context(kwargs) if issubclass(pool.connection_class, SSLConnection) else None
+        timeout = kwargs.get("socket_connect_timeout") or default_timeout
+        return cls(host=str(kwargs.get("host") or "localhost"), port=int(kwargs.get("port") or 6379),
+                   path=kwargs.get("path"), tls=tls, connect_timeout=float(timeout),
+                   keepalive=bool(kwargs.get("socket_keepalive")), db=int(kwargs.get("db") or 0),
+                   client_name=kwargs.get("client_name"), username=kwargs.get("username"),
+                   password=kwargs.get("password"), credentials=kwargs.get("credential_provider"))
+
+    def handshake(self) -> list[Command]:
+        """What to send before the first pipeline: AUTH, the client's name, SELECT. Never HELLO:
+        the connection stays on RESP2."""
+        username, password = self.username, self.password
+        if self.credentials is not None:
+            *user, password = self.credentials.get_credentials()
+            username = user[0] if user else None
+        commands: list[Command] = []
+        if password:
+            commands.append(("AUTH", username, password) if username else ("AUTH", password))
+        if self.client_name:
+            commands.append(("CLIENT", "SETNAME", self.client_name))
+        if self.db:
+            commands.append(("SELECT", self.db))
+        return commands
+
+
+def _tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
+    """An ``SSLContext`` from redis-py's ``ssl_*`` options, with redis-py's defaults."""
+    reqs = options.get("ssl_cert_reqs") or "required"
+    if isinstance(reqs, str):
+        if reqs.lower() not in _CERT_REQS:
+            raise ConfigError(f"ssl_cert_reqs must be none, optional or required, not {reqs!r}")
+        reqs = _CERT_REQS[reqs.lower()]
+    context = ssl.create_default_context()
+    context.check_hostname = bool(options.get("ssl_check_hostname", True)) and reqs != ssl.CERT_NONE
+    context.verify_mode = reqs
+    for flag in options.get("ssl_include_verify_flags") or ():
+        context.verify_flags |= flag
+    for flag in options.get("ssl_exclude_verify_flags") or ():
+        context.verify_flags &= ~flag
+    try:
+        if options.get("ssl_certfile") or options.get("ssl_keyfile"):
+            context.load_cert_chain(options.get("ssl_certfile") or "", options.get("ssl_keyfile"),
+                                    password=options.get("ssl_password"))
+        if options.get("ssl_ca_certs") or options.get("ssl_ca_data") or options.get("ssl_ca_path"):
+            context.load_verify_locations(cafile=options.get("ssl_ca_certs"),
+                                          capath=options.get("ssl_ca_path"),
+                                          cadata=options.get("ssl_ca_data"))
+        if options.get("ssl_min_version") is not None:
+            context.minimum_version = options["ssl_min_version"]
+        if options.get("ssl_ciphers"):
+            context.set_ciphers(options["ssl_ciphers"])
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        raise ConfigError(f"cannot use the TLS files or options given for Redis: {e}") from e
+    return context
+
+
+# ---- the wire ---------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class _Job:
@@ -46,58 +173,136 @@ class _Job:
     check: Check | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pipeline:
-    """One pipeline on the wire: its jobs, the XACK owners, and the replies collected so far."""
+    """One pipeline on the wire: its jobs, the XACK owners, and the replies collected so far.
+    ``settle(pipeline, error)`` is called once, from the loop, when it ends either way."""
 
     jobs: list[_Job]
     ack_owners: list[list[_Job]]
-    expected: int
+    settle: Callable[[_Pipeline, BaseException | None], None]
+    expected: int = 0
+    marker: bytes = b""
     replies: list[Any] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
 
 
 class _Wire(asyncio.Protocol):
-    """A connection taken over from redis-py after its handshake: pipelines in, replies out, in
-    order. ``on_done(pipeline, error)`` is called once per pipeline, from the loop."""
+    """The batcher's own connection: pipelines in, replies out, in order."""
 
-    def __init__(self, connection: AbstractConnection, transport: asyncio.Transport,
-                 on_done: Callable[[_Pipeline, BaseException | None], None]) -> None:
-        self.connection = connection
-        self.transport = transport
-        self.on_done = on_done
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
         self.inflight: deque[_Pipeline] = deque()
         self.lost: BaseException | None = None
-        self.reader = hiredis.Reader(protocolError=InvalidResponse,
-                                     replyError=BaseParser.parse_error, notEnoughData=_MORE)
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.sent = 0
+        self.reader = hiredis.Reader(protocolError=redis_errors.InvalidResponse,
+                                     replyError=_reply_error, notEnoughData=_MORE)
 
-    def send(self, pipeline: _Pipeline, payload: bytes) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, pipeline: _Pipeline, commands: Sequence[Command]) -> None:
+        """Writes ``commands`` then this pipeline's ``ECHO`` marker (``pack_commands`` errors
+        propagate: nothing is written then)."""
+        self.sent += 1
+        marker = b"debatebus:%d" % self.sent
+        payload = pack_commands(itertools.chain(commands, (("ECHO", marker),)))
+        assert self.transport is not None and self.lost is None
+        pipeline.expected, pipeline.marker = len(commands) + 1, marker
         self.inflight.append(pipeline)
         self.transport.write(payload)
 
     def data_received(self, data: bytes) -> None:
+        if self.lost is not None:
+            return
         try:
             self.reader.feed(data)
             while (reply := self.reader.gets()) is not _MORE:
-                pipeline = self.inflight[0]
-                pipeline.replies.append(reply)
-                if len(pipeline.replies) == pipeline.expected:
-                    self.inflight.popleft()
-                    self.on_done(pipeline, None)
+                self._take(reply)
         except Exception as e:  # garbage on the wire, or a reply nobody asked for
-            self.fail(redis_errors.InvalidResponse(f"unexpected reply from Redis: {e}"))
+            self.fail(e)
+
+    def _take(self, reply: Any) -> None:
+        if not self.inflight:
+            raise redis_errors.InvalidResponse(f"Redis sent {reply!r} while no command was waiting")
+        pipeline = self.inflight[0]
+        pipeline.replies.append(reply)
+        if len(pipeline.replies) < pipeline.expected:
+            return
+        if isinstance(reply, redis_errors.RedisError):  # ECHO refused (NOAUTH, NOPERM): the
+            raise reply                                # replies can't be checked, so none count
+        if reply != pipeline.marker:  # some frame in between was no reply to ours: all shifted
+            raise redis_errors.InvalidResponse("Redis sent more replies than commands: a frame "
+                                               "that answers none of them came in between")
+        pipeline.replies.pop()
+        self.inflight.popleft()
+        pipeline.settle(pipeline, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(redis_errors.ConnectionError(
             "Connection closed by server." if exc is None else f"Connection lost: {exc}"))
+        if not self.closed.done():
+            self.closed.set_result(None)
 
     def fail(self, error: BaseException) -> None:
         """Every pipeline without all its replies fails: the stream of replies can't be trusted."""
         if self.lost is None:
             self.lost = error
-            self.transport.abort()
+            if self.transport is not None:
+                self.transport.abort()
         while self.inflight:
-            self.on_done(self.inflight.popleft(), self.lost)
+            pipeline = self.inflight.popleft()
+            pipeline.settle(pipeline, self.lost)
+
+
+async def _open(endpoint: _Endpoint, where: str) -> _Wire:
+    """A new connection, handshake done, within the endpoint's connect timeout."""
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(endpoint.connect_timeout):
+        if endpoint.path is not None:
+            _, wire = await loop.create_unix_connection(_Wire, endpoint.path)
+        else:
+            _, wire = await loop.create_connection(
+                _Wire, endpoint.host, endpoint.port, ssl=endpoint.tls,
+                server_hostname=endpoint.host if endpoint.tls is not None else None)
+        try:
+            if endpoint.keepalive and endpoint.path is None and wire.transport is not None:
+                sock = wire.transport.get_extra_info("socket")
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            await _handshake(wire, endpoint.handshake(), where)
+        except BaseException:
+            wire.fail(redis_errors.ConnectionError("handshake failed"))
+            raise
+    return wire
+
+
+async def _handshake(wire: _Wire, commands: list[Command], where: str) -> None:
+    if not commands:
+        return
+    done: asyncio.Future[tuple[list[Any], BaseException | None]] = (
+        asyncio.get_running_loop().create_future())
+
+    def settle(pipeline: _Pipeline, error: BaseException | None) -> None:
+        if not done.done():
+            done.set_result((pipeline.replies, error))
+
+    wire.send(_Pipeline([], [], settle), commands)
+    replies, error = await done
+    # A refused AUTH makes every later reply a NOAUTH: the first refusal is the one to report.
+    for command, reply in zip(commands, replies, strict=False):
+        if not isinstance(reply, Exception):
+            continue
+        if command[0] == "SELECT" and isinstance(reply, redis_errors.ResponseError):
+            raise ConfigError(f"Redis at {where} refused to select db {command[1]}: check the db "
+                              f"number in the URL ({reply})") from reply
+        raise transport_error(reply, where)  # refused credentials: a ConfigError
+    if error is not None:
+        raise error
+
+
+# ---- the batcher ------------------------------------------------------------------------------
 
 
 class CommandBatcher:
@@ -106,15 +311,20 @@ class CommandBatcher:
     stream and group for all the acknowledgements in it.
 
     Each caller gets the replies to its own commands, or a ``TransportError`` when they — or the
-    ``XACK`` their acknowledgement rode on — failed, or the whole pipeline did. Redis does not roll
-    back a transaction whose command fails at run time; the only such failure possible here is a
-    ``WRONGTYPE`` (a topic name taken by a non-stream key), reported to the job it belongs to.
-    A connection the server closes (a restart, an idle timeout) is replaced at the next pipeline;
-    the pipelines it was carrying fail, since Redis may or may not have run them.
+    ``XACK`` their acknowledgement rode on — failed, or the whole pipeline did (a ``ConfigError``
+    when Redis refuses the credentials). Redis does not roll back a transaction whose command fails
+    at run time; the only such failure possible here is a ``WRONGTYPE`` (a topic name taken by a
+    non-stream key), reported to the job it belongs to. A connection that is lost, or that stays
+    silent for ``timeout`` seconds, is closed and replaced at the next pipeline; the pipelines it
+    was carrying fail, since Redis may or may not have run them.
+
+    The connection is the batcher's own, made from ``client``'s settings (``connection_pool``'s
+    ``connection_kwargs`` and ``connection_class``); the client itself is never used or closed.
     """
 
     def __init__(self, client: Redis, where: str, *, transaction: bool, timeout: float) -> None:
         self._pool = client.connection_pool
+        self._endpoint: _Endpoint | None = None
         self._where = where
         self._transaction = transaction
         self._timeout = timeout
@@ -133,7 +343,7 @@ class CommandBatcher:
         self._started, self._stopping = True, False
 
     async def stop(self) -> None:
-        """Send what is queued, wait for its replies (at most ``timeout``), then let go of the
+        """Send what is queued, wait for its replies (at most ``timeout``), then close the
         connection."""
         if not self._started:
             return
@@ -146,7 +356,7 @@ class CommandBatcher:
             self._connecting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._connecting
-        await self._let_go()
+        await self._close()
         # What never reached Redis (a reconnect still pending, or no reply in time) fails: no
         # caller is left waiting on a batcher that is gone.
         unsent = [job for batch in self._waiting for job in batch] + self._queue
@@ -201,24 +411,25 @@ class CommandBatcher:
         for (stream, group), jobs in acks.items():
             commands.append(("XACK", stream, group, *[job.ack[2] for job in jobs if job.ack]))
         framed = [("MULTI",), *commands, ("EXEC",)] if self._transaction else commands
-        pipeline = _Pipeline(batch, list(acks.values()), len(framed))
+        pipeline = _Pipeline(batch, list(acks.values()), self._done)
         try:
-            payload = pack_commands(framed)
-        except Exception as e:  # an argument Redis can't take (redis-py raises DataError too)
+            wire.send(pipeline, framed)
+        except Exception as e:  # an argument Redis can't take: nothing was sent
             self._done(pipeline, e)
             return
         pipeline.timer = asyncio.get_running_loop().call_later(self._timeout, self._timed_out, wire)
-        wire.send(pipeline, payload)
 
     async def _reconnect(self) -> None:
         try:
-            await self._let_go()
+            await self._close()
             try:
-                self._wire = await self._take_over()
+                if self._endpoint is None:
+                    self._endpoint = _Endpoint.of(self._pool, self._timeout)
+                self._wire = await _open(self._endpoint, self._where)
             except Exception as e:
                 waiting, self._waiting = self._waiting, []
                 for batch in waiting:
-                    self._done(_Pipeline(batch, [], 0), e)
+                    self._done(_Pipeline(batch, [], self._done), e)
                 return
             waiting, self._waiting = self._waiting, []
             for batch in waiting:
@@ -229,26 +440,13 @@ class CommandBatcher:
                 self._scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
 
-    async def _take_over(self) -> _Wire:
-        connection: AbstractConnection = await self._pool.get_connection()  # type: ignore[no-untyped-call]
-        writer = getattr(connection, "_writer", None)
-        if writer is None:
-            await self._pool.release(connection)
-            raise redis_errors.ConnectionError("redis-py gave a connection without a socket")
-        wire = _Wire(connection, writer.transport, self._done)
-        writer.transport.set_protocol(wire)
-        return wire
-
-    async def _let_go(self) -> None:
-        """Hand a (closed) connection back to the pool, which reopens it when it is next used."""
+    async def _close(self) -> None:
+        """Close the connection (failing what it still carries) and wait, briefly, until it is."""
         wire, self._wire = self._wire, None
         if wire is None:
             return
         wire.fail(redis_errors.ConnectionError("connection closed by the client"))
-        with contextlib.suppress(Exception):
-            await wire.connection.disconnect(nowait=True)
-        with contextlib.suppress(Exception):
-            await self._pool.release(wire.connection)
+        await asyncio.wait([wire.closed], timeout=1.0)
 
     def _timed_out(self, wire: _Wire) -> None:
         wire.fail(redis_errors.TimeoutError(f"no reply within {self._timeout:g} s"))
@@ -263,9 +461,9 @@ class CommandBatcher:
                 raise error
             replies = pipeline.replies
             if self._transaction:
-                replies = _transaction_replies(replies, pipeline.expected - 2)
+                replies = _transaction_replies(replies, len(replies) - 2)
         except BaseException as e:  # whatever it is, every caller hears
-            mapped = e if isinstance(e, TransportError) else transport_error(e, self._where)
+            mapped = e if isinstance(e, DebatebusError) else transport_error(e, self._where)
             for job in pipeline.jobs:
                 _fail(job, mapped)
         else:
@@ -305,9 +503,7 @@ def _transaction_replies(replies: list[Any], count: int) -> list[Any]:
     raising."""
     refused = [r for r in replies[:-1] if isinstance(r, Exception)]
     executed = replies[-1]
-    if isinstance(executed, redis_errors.ExecAbortError) or (
-            isinstance(executed, redis_errors.ResponseError)
-            and str(executed).startswith("EXECABORT")):
+    if isinstance(executed, redis_errors.ExecAbortError):
         raise refused[0] if refused else executed
     if isinstance(executed, Exception):
         raise executed
