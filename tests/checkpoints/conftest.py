@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.transports.conftest import redis_url, with_protocol
 
 from debatebus.checkpoints import CheckpointStore, MemoryCheckpointStore, SQLiteCheckpointStore
 
-KINDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+#: Redis twice: over RESP2 and RESP3 (``?protocol=3``), whose replies redis-py shapes differently.
+KINDS = ["memory", "sqlite", pytest.param("redis-resp2", marks=pytest.mark.redis),
+         pytest.param("redis-resp3", marks=pytest.mark.redis)]
 
 
 @dataclass
@@ -34,16 +37,21 @@ def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return Backend("sqlite", lambda: SQLiteCheckpointStore(path), durable=True)
 
 
-def _redis(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    from debatebus.checkpoints import RedisCheckpointStore
+def _redis(protocol: int) -> Callable[[pytest.FixtureRequest, Path], Backend]:
+    def make(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+        from debatebus.checkpoints import RedisCheckpointStore
 
-    server = request.getfixturevalue("redis_server")
-    # A fresh prefix per test: the session's redis-server is shared by every test.
-    prefix = f"test-{uuid.uuid4().hex[:12]}"
-    return Backend("redis", lambda: RedisCheckpointStore(server.url, prefix=prefix), durable=True)
+        url = with_protocol(request.getfixturevalue("redis_server").url, protocol)
+        # A fresh prefix per test: the session's redis-server is shared by every test.
+        prefix = f"test-{uuid.uuid4().hex[:12]}"
+        return Backend("redis", lambda: RedisCheckpointStore(url, prefix=prefix), durable=True)
+    return make
 
 
-_MAKERS = {"memory": _memory, "sqlite": _sqlite, "redis": _redis}
+_MAKERS = {"memory": _memory, "sqlite": _sqlite, "redis-resp2": _redis(2), "redis-resp3": _redis(3)}
+
+
+__all__ = ["redis_url"]  # the fixture, shared with the transport tests
 
 
 @pytest.fixture(params=KINDS)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.crc import key_slot
 from tests.support.servers import RedisServer, free_port
 
 from debatebus.checkpoints import Counters, RedisCheckpointStore
@@ -71,8 +72,8 @@ async def test_a_client_that_decodes_is_refused(redis_server: RedisServer) -> No
         await client.aclose()
 
 
-async def test_a_given_client_stays_open(redis_server: RedisServer) -> None:
-    client = Redis.from_url(redis_server.url)
+async def test_a_given_client_stays_open(redis_url: str) -> None:
+    client = Redis.from_url(redis_url)
     try:
         async with RedisCheckpointStore(client, prefix=_prefix()) as store:
             await store.put_result("d1", b"r")
@@ -81,9 +82,9 @@ async def test_a_given_client_stays_open(redis_server: RedisServer) -> None:
         await client.aclose()
 
 
-async def test_key_layout(redis_server: RedisServer) -> None:
+async def test_key_layout(redis_url: str) -> None:
     prefix = _prefix()
-    client = Redis.from_url(redis_server.url)
+    client = Redis.from_url(redis_url)
     try:
         async with RedisCheckpointStore(client, prefix=prefix) as store:
             await store.begin("d1", b"h")
@@ -91,19 +92,40 @@ async def test_key_layout(redis_server: RedisServer) -> None:
             await store.acquire_lease("d1", "w1", 60)
             await store.append_many("d1", [b"e2", b"e3"], Counters(5, 6, 11, 7))
             # One list: the header, then tagged entries; the newest counters ride on the last one.
-            assert await client.lrange(f"{prefix}:ckpt:d1", 0, -1) == [
+            assert await client.lrange(f"{prefix}:{{d1}}:ckpt", 0, -1) == [
                 b"h", b"c1,2,3,4;e1", b"ee2", b"c5,6,11,7;e3"]
-            assert await client.get(f"{prefix}:lease:d1") == b"w1"
-            assert 0 < await client.pttl(f"{prefix}:lease:d1") <= 60_000
+            assert await client.get(f"{prefix}:{{d1}}:lease") == b"w1"
+            assert 0 < await client.pttl(f"{prefix}:{{d1}}:lease") <= 60_000
             await store.put_result("d1", b"r")
-            assert await client.get(f"{prefix}:result:d1") == b"r"
-            assert await client.exists(f"{prefix}:ckpt:d1") == 0
+            assert await client.get(f"{prefix}:{{d1}}:result") == b"r"
+            assert await client.exists(f"{prefix}:{{d1}}:ckpt") == 0
+            # Nothing else: every key of the store is one of a debate's three.
+            assert sorted(await client.keys(f"{prefix}:*")) == [
+                f"{prefix}:{{d1}}:lease".encode(), f"{prefix}:{{d1}}:result".encode()]
     finally:
         await client.aclose()
 
 
-async def test_results_expire_with_result_ttl(redis_server: RedisServer) -> None:
-    async with RedisCheckpointStore(redis_server.url, prefix=_prefix(),
+async def test_a_debates_keys_share_one_hash_slot(redis_server: RedisServer) -> None:
+    """On a Redis Cluster the start/finish scripts touch all three keys: one slot, or CROSSSLOT."""
+    prefix = _prefix()
+    client = Redis.from_url(redis_server.url)
+    try:
+        async with RedisCheckpointStore(client, prefix=prefix) as store:
+            for debate_id in ("d1", "a:b", "weird}id{", "é"):
+                await store.start(debate_id, "w1", 60, b"h")
+                keys = set(await client.keys(f"{prefix}:*"))  # checkpoint and lease
+                await store.put_result(debate_id, b"r")
+                keys |= set(await client.keys(f"{prefix}:*"))  # lease and result
+                assert len(keys) == 3, keys
+                assert len({key_slot(key) for key in keys}) == 1, keys
+                await client.delete(*keys)
+    finally:
+        await client.aclose()
+
+
+async def test_results_expire_with_result_ttl(redis_url: str) -> None:
+    async with RedisCheckpointStore(redis_url, prefix=_prefix(),
                                     result_ttl_s=0.3) as store:
         await store.put_result("d1", b"r")
         assert await store.get_result("d1") == b"r"
@@ -112,8 +134,8 @@ async def test_results_expire_with_result_ttl(redis_server: RedisServer) -> None
         assert await store.has_results(["d1"]) == [False]
 
 
-async def test_works_without_async_with(redis_server: RedisServer) -> None:
-    store = RedisCheckpointStore(redis_server.url, prefix=_prefix())
+async def test_works_without_async_with(redis_url: str) -> None:
+    store = RedisCheckpointStore(redis_url, prefix=_prefix())
     assert await store.begin("d1", b"h") == b"h"
     await store.close()
     await store.close()

@@ -26,7 +26,15 @@ class Kind:
     # only the body: they live inside the envelope there)
 
 
-KINDS = ["memory", "redis_streams", "redis_pubsub", "kafka"]
+#: The Redis transports twice: over RESP2 and RESP3 (``?protocol=3``), whose replies redis-py
+#: shapes differently (XREAD/XREADGROUP: a list of pairs, or a dict).
+KINDS = ["memory", "redis_streams-resp2", "redis_streams-resp3", "redis_pubsub-resp2",
+         "redis_pubsub-resp3", "kafka"]
+
+
+def with_protocol(url: str, protocol: int) -> str:
+    """``url`` with the RESP version redis-py must speak (``?protocol=N``)."""
+    return f"{url}{'&' if '?' in url else '?'}protocol={protocol}"
 
 
 def _memory(request: pytest.FixtureRequest) -> Kind:
@@ -34,23 +42,27 @@ def _memory(request: pytest.FixtureRequest) -> Kind:
     return Kind("memory", lambda: MemoryTransport(broker), redelivery_wait=0.3)
 
 
-def _redis_streams(request: pytest.FixtureRequest) -> Kind:
-    from debatebus.transports.redis_streams import RedisStreamsTransport
+def _redis_streams(protocol: int) -> Callable[[pytest.FixtureRequest], Kind]:
+    def make(request: pytest.FixtureRequest) -> Kind:
+        from debatebus.transports.redis_streams import RedisStreamsTransport
 
-    server = request.getfixturevalue("redis_server")
-    return Kind(
-        "redis_streams",
-        lambda: RedisStreamsTransport(server.url, claim_idle_ms=500, block_ms=100),
-        redelivery_wait=0.5,
-    )
+        url = with_protocol(request.getfixturevalue("redis_server").url, protocol)
+        return Kind(
+            "redis_streams",
+            lambda: RedisStreamsTransport(url, claim_idle_ms=500, block_ms=100),
+            redelivery_wait=0.5,
+        )
+    return make
 
 
-def _redis_pubsub(request: pytest.FixtureRequest) -> Kind:
-    from debatebus.transports.redis_pubsub import RedisPubSubTransport
+def _redis_pubsub(protocol: int) -> Callable[[pytest.FixtureRequest], Kind]:
+    def make(request: pytest.FixtureRequest) -> Kind:
+        from debatebus.transports.redis_pubsub import RedisPubSubTransport
 
-    server = request.getfixturevalue("redis_server")
-    return Kind("redis_pubsub", lambda: RedisPubSubTransport(server.url), durable=False,
-                groups=False, metadata=False)
+        url = with_protocol(request.getfixturevalue("redis_server").url, protocol)
+        return Kind("redis_pubsub", lambda: RedisPubSubTransport(url), durable=False,
+                    groups=False, metadata=False)
+    return make
 
 
 def _kafka(request: pytest.FixtureRequest) -> Kind:
@@ -65,8 +77,15 @@ def _kafka(request: pytest.FixtureRequest) -> Kind:
     )
 
 
-_MAKERS = {"memory": _memory, "redis_streams": _redis_streams, "redis_pubsub": _redis_pubsub,
-           "kafka": _kafka}
+_MAKERS = {"memory": _memory, "redis_streams-resp2": _redis_streams(2),
+           "redis_streams-resp3": _redis_streams(3), "redis_pubsub-resp2": _redis_pubsub(2),
+           "redis_pubsub-resp3": _redis_pubsub(3), "kafka": _kafka}
+
+
+@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The session's redis-server over RESP2, then over RESP3."""
+    return with_protocol(request.getfixturevalue("redis_server").url, request.param)
 
 
 @pytest.fixture(params=KINDS)

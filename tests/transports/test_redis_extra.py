@@ -2,9 +2,11 @@
 
 Clients the project did not write (``redis-cli``, plain redis-py) read and write our wire format;
 a dead consumer's message is taken over with its real delivery count; ack publishes and
-acknowledges in one MULTI (a connection cut before EXEC leaves neither); concurrent acks are
-batched and all land; Synkro's pub/sub wire round-trips; broker failures surface as
-TransportError only. No test asserts on timing: every wait has a generous deadline.
+acknowledges in one script, only while the entry is pending (a connection cut before or after it
+ran, then a retry: one result, no pending entry; two consumers acking one reclaimed entry: one
+result); concurrent acks are batched and all land; Synkro's pub/sub wire round-trips; broker
+failures surface as TransportError only. No test asserts on timing: every wait has a generous
+deadline. Outages, dropped connections and frozen servers: ``test_redis_faults.py``.
 """
 
 from __future__ import annotations
@@ -165,9 +167,10 @@ async def test_concurrent_acks_are_batched_and_all_land(streams: RedisStreamsTra
         await streams.publish(Outgoing(topic, b'{"n":%d}' % i))
     reader = Reader(streams.consume([topic], group="workers", consumer="w1", prefetch=64))
     deliveries = [await reader.next() for _ in range(n)]
-    execs_before = await _exec_calls(raw)
+    reads_before = await _reads(raw)
     await asyncio.gather(*(streams.ack(d, [Outgoing(results, d.body)]) for d in deliveries))
-    assert await _exec_calls(raw) - execs_before < 10  # one MULTI/EXEC per loop tick, not per ack
+    # One pipeline for the lot: Redis reads it in a few socket reads, not one per ack.
+    assert await _reads(raw) - reads_before < n // 4
     assert await raw.xlen(results) == n
     assert (await raw.xpending(topic, "workers"))["pending"] == 0
     entries: Any = await raw.xrange(results)
@@ -175,20 +178,18 @@ async def test_concurrent_acks_are_batched_and_all_land(streams: RedisStreamsTra
     assert bodies == sorted(d.body for d in deliveries)
 
 
-async def _exec_calls(raw: Redis) -> int:
-    stats = await raw.info("commandstats")
-    return int(stats.get("cmdstat_exec", {}).get("calls", 0))
+async def _reads(raw: Redis) -> int:
+    return int((await raw.info("stats"))["total_reads_processed"])
 
 
-class CutBeforeExec:
-    """A TCP proxy to Redis that, once armed, forwards a client's bytes up to (not including) the
-    EXEC of a transaction and then drops the connection: the broken link ``ack`` must survive."""
-
-    EXEC = b"*1\r\n$4\r\nEXEC\r\n"
+class CutProxy:
+    """A TCP proxy to Redis that, once armed, drops the connection that carries the next
+    ``EVALSHA`` (an ack): ``before`` it reaches Redis, or ``after`` Redis ran it and before its
+    reply gets back: the two broken links a retried ``ack`` must survive."""
 
     def __init__(self, port: int) -> None:
         self.port = port
-        self.armed = False
+        self.armed: str | None = None
         self.cut = asyncio.Event()
         self.server: asyncio.Server | None = None
 
@@ -202,46 +203,132 @@ class CutBeforeExec:
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.port)
-        back = asyncio.create_task(self._pipe(server_r, client_w))
+        drop_reply = asyncio.Event()
+        back = asyncio.create_task(self._back(server_r, client_w, drop_reply))
         try:
             while data := await client_r.read(65536):
-                if self.armed and self.EXEC in data:
-                    self.armed = False
-                    server_w.write(data[:data.index(self.EXEC)])
-                    await server_w.drain()
-                    self.cut.set()
-                    break
+                if self.armed is not None and b"EVALSHA" in data:
+                    cut, self.armed = self.armed, None
+                    if cut == "before":
+                        break
+                    drop_reply.set()
                 server_w.write(data)
                 await server_w.drain()
+            self.cut.set()
         finally:
-            back.cancel()
+            if not drop_reply.is_set():
+                back.cancel()
+            with contextlib.suppress(Exception):
+                await back
             for writer in (server_w, client_w):
                 writer.close()
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _back(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    drop_reply: asyncio.Event) -> None:
         with contextlib.suppress(ConnectionError):
             while data := await reader.read(65536):
+                if drop_reply.is_set():  # Redis ran the ack: lose its reply, and the link
+                    self.cut.set()
+                    writer.close()
+                    return
                 writer.write(data)
                 await writer.drain()
 
 
-async def test_connection_cut_before_exec_publishes_nothing_and_acks_nothing(
-        redis_server: RedisServer, topic: str, raw: Redis) -> None:
+@pytest.mark.parametrize("cut", ["before", "after"])
+async def test_an_ack_cut_off_then_retried_publishes_once(redis_server: RedisServer, topic: str,
+                                                          raw: Redis, cut: str) -> None:
     results = f"event:{topic}:completed"
-    proxy = CutBeforeExec(redis_server.port)
+    proxy = CutProxy(redis_server.port)
     async with proxy as url, RedisStreamsTransport(url, claim_idle_ms=60_000, block_ms=100) as t:
         await t.publish(Outgoing(topic, REQUEST))
         got = await Reader(t.consume([topic], group="workers", consumer="w1")).next()
-        proxy.armed = True
+        proxy.armed = cut
         with pytest.raises(TransportError) as failure:
             await t.ack(got, [Outgoing(results, b'{"result":1}')])
         assert proxy.cut.is_set()
         assert isinstance(failure.value.__cause__, RedisError | OSError)
-        assert await raw.xlen(results) == 0  # the result was not published without the ack…
-        assert (await raw.xpending(topic, "workers"))["pending"] == 1  # …nor the ack made
-        await t.ack(got, [Outgoing(results, b'{"result":1}')])  # the next flush gets through
+        ran = cut == "after"
+        # Both or neither: never the result without the ack, nor the reverse.
+        assert await raw.xlen(results) == int(ran)
+        assert (await raw.xpending(topic, "workers"))["pending"] == int(not ran)
+        await t.ack(got, [Outgoing(results, b'{"result":1}')])  # the retry
     assert await raw.xlen(results) == 1
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+
+
+async def test_two_consumers_acking_one_reclaimed_entry_publish_once(
+        redis_server: RedisServer, topic: str, raw: Redis) -> None:
+    """A released entry is reclaimed by another consumer while its first holder still finishes
+    it: both ack with a result, the first one wins and the second publishes nothing."""
+    results = f"event:{topic}:completed"
+    async with RedisStreamsTransport(redis_server.url, claim_idle_ms=300, block_ms=100) as a, \
+            RedisStreamsTransport(redis_server.url, claim_idle_ms=300, block_ms=100) as b:
+        await a.publish(Outgoing(topic, REQUEST))
+        holder = Reader(a.consume([topic], group="workers", consumer="a"))
+        first = await holder.next()
+        holder.stop()  # or a's own next XAUTOCLAIM would take it back
+        a.release(first)
+        a.release(first)  # idempotent
+        second = await Reader(b.consume([topic], group="workers", consumer="b")).next()
+        assert (second.id, second.deliveries) == (first.id, 2)
+        await b.ack(second, [Outgoing(results, b'{"by":"b"}')])
+        await a.ack(first, [Outgoing(results, b'{"by":"a"}')])
+        await b.ack(second, [Outgoing(results, b'{"by":"b"}')])
+    entries: Any = await raw.xrange(results)
+    assert [fields[b"envelope"] for _, fields in entries] == [b'{"by":"b"}']
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+
+
+async def test_a_dead_letter_is_written_once(streams: RedisStreamsTransport, topic: str,
+                                             raw: Redis) -> None:
+    await streams.publish(Outgoing(topic, REQUEST))
+    got = await Reader(streams.consume([topic], group="workers", consumer="w1")).next()
+    await streams.reject(got, "bad input")
+    await streams.reject(got, "bad input")  # a retry after a lost reply
+    await streams.ack(got, [Outgoing(f"event:{topic}:completed", b"{}")])  # settled already
+    assert await raw.xlen(dlq_topic(topic)) == 1
+    assert await raw.exists(f"event:{topic}:completed") == 0
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+
+
+async def test_an_ack_touching_a_non_stream_key_writes_nothing(
+        streams: RedisStreamsTransport, topic: str, raw: Redis) -> None:
+    """Redis does not roll back a script that fails half-way: it must fail before any write."""
+    good, bad = f"event:{topic}:completed", f"event:{topic}:taken"
+    await raw.set(bad, b"a string")
+    await streams.publish(Outgoing(topic, REQUEST))
+    got = await Reader(streams.consume([topic], group="workers", consumer="w1")).next()
+    with pytest.raises(TransportError, match="not a stream"):
+        await streams.ack(got, [Outgoing(good, b"{}"), Outgoing(bad, b"{}")])
+    assert await raw.exists(good) == 0
+    assert (await raw.xpending(topic, "workers"))["pending"] == 1
+    await streams.ack(got, [Outgoing(good, b"{}")])
+    assert await raw.xlen(good) == 1
+
+
+async def test_results_are_trimmed_and_dead_letters_are_not(redis_server: RedisServer,
+                                                            topic: str, raw: Redis) -> None:
+    results = f"event:{topic}:completed"
+    async with RedisStreamsTransport(redis_server.url, max_len=10, block_ms=100) as t:
+        for i in range(300):
+            await raw.xadd(topic, {"envelope": b"%d" % i})  # publish() would trim these too
+        reader = Reader(t.consume([topic], group="workers", consumer="w1", prefetch=64))
+        deliveries = [await reader.next() for _ in range(300)]
+        await asyncio.gather(*(t.ack(d, [Outgoing(results, d.body)]) for d in deliveries[:150]))
+        await asyncio.gather(*(t.reject(d, "no") for d in deliveries[150:]))
+    assert await raw.xlen(results) < 150  # MAXLEN ~ trims whole nodes: approximately 10
+    assert await raw.xlen(dlq_topic(topic)) == 150
+    assert (await raw.xpending(topic, "workers"))["pending"] == 0
+
+
+async def test_acks_after_redis_forgot_the_script(streams: RedisStreamsTransport, topic: str,
+                                                  raw: Redis) -> None:
+    await streams.publish(Outgoing(topic, REQUEST))
+    got = await Reader(streams.consume([topic], group="workers", consumer="w1")).next()
+    await raw.script_flush()
+    await streams.ack(got, [Outgoing(f"event:{topic}:completed", b"{}")])
+    assert await raw.xlen(f"event:{topic}:completed") == 1
     assert (await raw.xpending(topic, "workers"))["pending"] == 0
 
 

@@ -2,9 +2,13 @@
 
 Layout per debate id (values are the caller's opaque bytes)::
 
-    {prefix}:ckpt:{id}      list    [header, entry, entry, …], RPUSHed: a round costs its own bytes
-    {prefix}:result:{id}    string  final result (PX result_ttl when set)
-    {prefix}:lease:{id}     string  owner, PX ttl
+    {prefix}:{<id>}:ckpt    list    [header, entry, entry, …], RPUSHed: a round costs its own bytes
+    {prefix}:{<id>}:result  string  final result (PX result_ttl when set)
+    {prefix}:{<id>}:lease   string  owner, PX ttl
+
+The braces are literal: ``debatebus:{d1}:ckpt``. They make the debate id the keys' hash tag, so on a
+Redis Cluster a debate's three keys live in one slot and the scripts that touch several of them
+(start, finish) stay legal; single-node Redis ignores them.
 
 Each entry element is the caller's entry behind a one-byte tag: ``e`` for a plain entry, or, on the
 last entry of each append, ``c`` and the counters (``prompt,completion,total,calls;``). The newest
@@ -207,13 +211,13 @@ class RedisCheckpointStore(CheckpointStore):
             await conn[0].aclose()
 
     def _key(self, debate_id: str) -> str:
-        return f"{self.prefix}:ckpt:{debate_id}"
+        return f"{self.prefix}:{{{debate_id}}}:ckpt"
 
     def _result_key(self, debate_id: str) -> str:
-        return f"{self.prefix}:result:{debate_id}"
+        return f"{self.prefix}:{{{debate_id}}}:result"
 
     def _lease_key(self, debate_id: str) -> str:
-        return f"{self.prefix}:lease:{debate_id}"
+        return f"{self.prefix}:{{{debate_id}}}:lease"
 
     async def _send(self, *commands: tuple[Any, ...], transaction: bool = True) -> list[Any]:
         """Send commands in one round trip; as one MULTI/EXEC (nothing interleaved) by default."""

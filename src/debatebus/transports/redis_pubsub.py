@@ -12,14 +12,20 @@ request. Use Redis Streams (``redis://``) when requests must not be lost or answ
 
 Dead letters are the exception: they must never be lost, so ``reject`` writes them to the Redis
 *stream* ``{type}:dlq`` in the Streams transport's format (see ``redis_streams``), and
-``publish``/``subscribe`` on a ``…:dlq`` topic use that stream too. ``reject(requeue=True)``
-hands the message back to the same ``consume`` iterator, in this process only.
+``publish``/``subscribe`` on a ``…:dlq`` topic use that stream too. ``reject(requeue=True)`` and
+``release`` hand the message back to ``consume`` on the same topics, in this process only (kept
+across a ``consume`` that failed and was called again).
+
+Outages: ``consume`` raises ``TransportError`` when the connection is lost for good or Redis stops
+answering (a quiet subscription is checked with ``PING`` after ``command_timeout / 2``); calling
+it again subscribes again. What is published while nobody is subscribed is gone: at-most-once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -77,6 +83,8 @@ class RedisPubSubTransport(Transport):
         self._dead: RedisStreamsTransport | None = None
         self._reads = ReadTracker()
         self._listeners: set[PubSub] = set()
+        #: Requeued and released deliveries by the topics consumed, waiting to be handed out again.
+        self._requeued: dict[tuple[str, ...], deque[Delivery]] = {}
         self._closed = False
 
     async def connect(self) -> None:
@@ -142,9 +150,14 @@ class RedisPubSubTransport(Transport):
             return
         if not isinstance(delivery.token, deque):
             raise ConfigError("reject(requeue=True) takes deliveries from consume()")
-        delivery.token.append(Delivery(delivery.topic, delivery.body, delivery.id,
-                                       delivery.deliveries + 1, delivery.key, delivery.headers,
-                                       delivery.token))
+        self.release(delivery)
+
+    def release(self, delivery: Delivery) -> None:
+        """Hand the message out again from ``consume``, counted: Redis kept no copy of it."""
+        if isinstance(delivery.token, deque):
+            delivery.token.append(Delivery(delivery.topic, delivery.body, delivery.id,
+                                           delivery.deliveries + 1, delivery.key,
+                                           delivery.headers, delivery.token))
 
     async def consume(self, topics: Sequence[str], *, group: str, consumer: str,
                       prefetch: int = 16) -> AsyncIterator[Delivery]:
@@ -153,7 +166,7 @@ class RedisPubSubTransport(Transport):
         if not topics:
             raise ConfigError("consume needs at least one topic")
         await self.connect()
-        requeued: deque[Delivery] = deque()
+        requeued = self._requeued.setdefault(tuple(topics), deque())
         async for delivery in self._messages(await self._subscribed(topics), topics, requeued):
             yield delivery
 
@@ -190,6 +203,7 @@ class RedisPubSubTransport(Transport):
     async def _messages(self, pubsub: PubSub, channels: Sequence[str],
                         requeued: deque[Delivery] | None) -> AsyncIterator[Delivery]:
         names = {channel.encode(): channel for channel in channels}
+        alive = _Liveness(pubsub, self._timeout, self._where)
         try:
             while not self._closed:
                 if requeued:
@@ -199,6 +213,7 @@ class RedisPubSubTransport(Transport):
                     async with redis_call(self._where, self._timeout + self._poll_s):
                         message: Any = await pubsub.get_message(ignore_subscribe_messages=True,
                                                                 timeout=self._poll_s)
+                        await alive.check(message)
                 if message is not None and message["type"] == "message":
                     yield Delivery(names[message["channel"]], message["data"], "", 1, None,
                                    NO_HEADERS, requeued)
@@ -208,6 +223,31 @@ class RedisPubSubTransport(Transport):
         finally:
             self._listeners.discard(pubsub)
             await _quietly_close(pubsub)
+
+
+class _Liveness:
+    """A subscription that hears nothing can't tell a quiet channel from a dead or frozen server:
+    after ``timeout / 2`` of silence it sends ``PING``, and fails if the pong (or anything else)
+    does not arrive within ``timeout / 2`` more."""
+
+    def __init__(self, pubsub: PubSub, timeout: float, where: str) -> None:
+        self._pubsub = pubsub
+        self._half = timeout / 2
+        self._where = where
+        self._heard = time.monotonic()
+        self._pinged: float | None = None
+
+    async def check(self, message: Any) -> None:
+        now = time.monotonic()
+        if message is not None:
+            self._heard, self._pinged = now, None
+        elif self._pinged is not None:
+            if now - self._pinged > self._half:
+                raise TransportError(f"Redis at {self._where} did not answer a PING within "
+                                     f"{self._half:g} s: check the server, or raise command_timeout")
+        elif now - self._heard > self._half:
+            await self._pubsub.ping()
+            self._pinged = now
 
 
 async def _quietly_close(pubsub: PubSub) -> None:

@@ -7,8 +7,11 @@ Wire format (what any client in any language reads and writes):
   only when the message has them;
 * workers read through a consumer group (``XREADGROUP``, created on first consume from id ``0``
   so entries published before the group existed are delivered too);
-* ``ack`` publishes the results and ``XACK``-s the request in one ``MULTI``/``EXEC``, so a result
-  is never published without the acknowledgement, nor the reverse;
+* ``ack`` publishes the results and ``XACK``-s the request in one Lua script that first checks
+  that the entry is still pending in the group (under any consumer): a result is never published
+  without the acknowledgement, nor the reverse, and never twice — an ack retried after a lost
+  reply, or a second consumer's ack of an entry it reclaimed, publishes nothing. A dead letter
+  (``reject``) is written and acknowledged by the same script, under the same check;
 * an entry idle past ``claim_idle_ms`` in the pending list of a consumer that died is taken over
   by a live one (``XAUTOCLAIM``), with its real delivery count. Live consumers refresh the idle
   time of what they hold every ``claim_idle_ms / 3``, so a debate that runs for minutes is never
@@ -20,13 +23,22 @@ Wire format (what any client in any language reads and writes):
   ``x-debatebus-deliveries``.
 
 Throughput: acks, rejects and publishes issued in the same event-loop tick share one pipeline
-(``CommandBatcher``), and each ``XREADGROUP`` fetches ``prefetch`` entries at once.
+(``CommandBatcher``, one ``EVALSHA`` per ack), and each ``XREADGROUP`` fetches ``prefetch``
+entries at once.
+
+Outages: every call is bounded by ``command_timeout`` (blocking reads by ``block_ms`` more) and
+fails with ``TransportError``; ``consume`` may be called again after one and carries on with the
+same held entries, making the stream and group again if the server lost them. What this process
+holds stays pending in Redis through an outage (the keep-alive resumes once Redis answers).
+
+RESP2 and RESP3 (``?protocol=3``) clients both work: replies are read in either shape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +47,7 @@ from typing import Any
 import msgspec
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
@@ -67,6 +80,37 @@ DELIVERIES_HEADER = "x-debatebus-deliveries"
 _DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
                b"originId": ORIGIN_ID_HEADER, b"deliveries": DELIVERIES_HEADER}
 _RANGE_PAGE = 500
+
+# Settle one entry: publish to the streams KEYS[2..] and XACK KEYS[1], only if the entry is still
+# pending in the group (any consumer's). Returns 1, or 0 when it was settled already (a retried
+# ack whose first reply was lost, or another consumer's ack of an entry both held): then nothing
+# is published. The types are checked before the first write, since Redis does not roll back a
+# script that fails half-way. ARGV: group, entry id, then per output stream: MAXLEN ('' for none),
+# the number of field/value arguments, those arguments.
+# Redis Cluster: a script's keys must share one hash slot, so a request stream, its result streams
+# and its dead-letter stream must be hash-tagged alike there.
+_SETTLE = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
+for i = 2, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'stream' and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a stream')
+  end
+end
+local at = 3
+for i = 2, #KEYS do
+  local command = {'XADD', KEYS[i]}
+  if ARGV[at] ~= '' then command[3], command[4], command[5] = 'MAXLEN', '~', ARGV[at] end
+  command[#command + 1] = '*'
+  local count = tonumber(ARGV[at + 1])
+  for j = at + 2, at + 1 + count do command[#command + 1] = ARGV[j] end
+  redis.call(unpack(command))
+  at = at + 2 + count
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+_SETTLE_SHA = hashlib.sha1(_SETTLE.encode()).hexdigest()
 
 _encode_headers = msgspec.json.Encoder().encode
 _decode_headers = msgspec.json.Decoder(dict[str, str]).decode
@@ -134,8 +178,8 @@ def _message_fields(body: bytes, key: str | None, headers: Mapping[str, str]) ->
 
 def _stream_entries(reply: Any) -> Iterable[tuple[Any, Any]]:
     """XREAD/XREADGROUP replies as (stream, entries), whatever shape the client was built for:
-    a list of pairs (RESP2, the default), a dict (``legacy_responses=False``), or a dict of
-    one-element lists (RESP3 on redis-py < 8)."""
+    a list of pairs (RESP2, and redis-py 8's default of RESP3 with legacy shapes), a dict
+    (``legacy_responses=False``), or a dict of one-element lists (``protocol=3`` given)."""
     if not reply:
         return ()
     if not isinstance(reply, dict):
@@ -169,6 +213,7 @@ class RedisStreamsTransport(Transport):
         self._claim_idle_ms = claim_idle_ms
         self._block_ms = block_ms
         self._trim: tuple[Any, ...] = ("MAXLEN", "~", max_len) if max_len else ()
+        self._max_len: int | str = max_len or ""  # the settle script's form: '' for none
         self._client = client
         self._owns_client = client is None
         self._where = describe(url, client)
@@ -188,7 +233,8 @@ class RedisStreamsTransport(Transport):
         async with self._call():
             await self._client.ping()
         self._closed = False
-        self._batcher = CommandBatcher(self._client, self._where, transaction=True,
+        # No MULTI: each ack is one script, atomic on its own.
+        self._batcher = CommandBatcher(self._client, self._where, transaction=False,
                                        timeout=self._timeout)
         self._batcher.start()
         self._keepalive = asyncio.create_task(self._keep_leases(), name="debatebus-redis-keepalive")
@@ -233,39 +279,69 @@ class RedisStreamsTransport(Transport):
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
-        lease = _lease_of(delivery)
-        lease.inflight.discard(delivery.id)
-        commands = [self._xadd(r.topic, _message_fields(r.body, r.key, r.headers)) for r in results]
-        await self._submit_to().submit(commands, (lease.topic, lease.group, delivery.id))
+        """Publish ``results`` and acknowledge, atomically, if the entry is still pending in the
+        group; if it is not (settled already, e.g. by this same ack whose reply was lost),
+        publish nothing. Idempotent: safe to retry after a ``TransportError``. Until it succeeds
+        the entry stays held (kept alive): retry it, or ``release`` it."""
+        await self._settle(delivery, [(r.topic, self._max_len,
+                                       _message_fields(r.body, r.key, r.headers)) for r in results])
 
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
+        """``requeue``: let go of the entry now, so the next ``XAUTOCLAIM`` (this consumer's or
+        another's) hands it out again, counted. Otherwise write the dead letter and acknowledge,
+        as ``ack`` does (same pending check, same retry rules)."""
+        if not requeue:
+            await self._settle(delivery, [(dlq_topic(delivery.topic), "",  # never trimmed
+                                           self._dead_letter_fields(delivery, reason))])
+            return
         lease = _lease_of(delivery)
         lease.inflight.discard(delivery.id)
-        if requeue:
-            await self._requeue(lease, delivery.id)
-            return
-        await self._submit_to().submit([self._dead_letter_command(delivery, reason)],
-                                       (lease.topic, lease.group, delivery.id))
-
-    async def _requeue(self, lease: _Lease, entry_id: str) -> None:
         # Back-dating the entry's idle time makes the next XAUTOCLAIM (ours, or any live
         # consumer's) take it, which also counts the delivery; JUSTID leaves the count alone here.
+        # Should this fail, the entry is still released: it is claimed after claim_idle_ms.
         async with self._call():
-            await self._redis().xclaim(lease.topic, lease.group, lease.consumer, 0, [entry_id],
+            await self._redis().xclaim(lease.topic, lease.group, lease.consumer, 0, [delivery.id],
                                        idle=self._claim_idle_ms, justid=True)
         lease.claim_due = True
 
-    def _dead_letter_command(self, delivery: Delivery, reason: str) -> tuple[Any, ...]:
-        # Never trimmed: a dead letter must not be lost to MAXLEN.
-        return ("XADD", dlq_topic(delivery.topic), "*",
-                *_message_fields(delivery.body, delivery.key, delivery.headers),
+    def release(self, delivery: Delivery) -> None:
+        """Stop keeping the entry alive: it stays pending and any consumer's ``XAUTOCLAIM``
+        takes it once it has been idle for ``claim_idle_ms``."""
+        if isinstance(delivery.token, _Lease):
+            delivery.token.inflight.discard(delivery.id)
+
+    async def _settle(self, delivery: Delivery, outputs: Sequence[tuple[str, int | str, list[Any]]],
+                      ) -> None:
+        """Run the settle script: ``outputs`` are (stream, MAXLEN or '', fields) to publish."""
+        lease = _lease_of(delivery)
+        keys = [lease.topic, *(topic for topic, _, _ in outputs)]
+        args: list[Any] = [lease.group, delivery.id]
+        for _, max_len, fields in outputs:
+            args += (max_len, len(fields), *fields)
+        command = ("EVALSHA", _SETTLE_SHA, len(keys), *keys, *args)
+        try:
+            (settled,) = await self._submit_to().submit((command,))
+        except TransportError as e:
+            if not isinstance(e.__cause__, NoScriptError):
+                raise
+            async with self._call():  # a restarted Redis forgot the script: load it, once
+                await self._redis().script_load(_SETTLE)
+            (settled,) = await self._submit_to().submit((command,))
+        lease.inflight.discard(delivery.id)
+        if not settled:
+            log.debug("%s %s was settled already: nothing published", lease.topic, delivery.id)
+
+    def _dead_letter_fields(self, delivery: Delivery, reason: str) -> list[Any]:
+        return [*_message_fields(delivery.body, delivery.key, delivery.headers),
                 b"reason", reason, b"origin", delivery.topic, b"originId", delivery.id,
-                b"deliveries", delivery.deliveries)
+                b"deliveries", delivery.deliveries]
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> str:
         """Write ``delivery`` to ``{topic}:dlq`` without acknowledging anything: for messages that
         did not come from a consumer group (Redis pub/sub keeps its dead letters here)."""
-        (entry_id,) = await self._submit_to().submit([self._dead_letter_command(delivery, reason)])
+        command = ("XADD", dlq_topic(delivery.topic), "*",  # never trimmed
+                   *self._dead_letter_fields(delivery, reason))
+        (entry_id,) = await self._submit_to().submit([command])
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     # -- consuming -------------------------------------------------------------------------------
@@ -277,13 +353,15 @@ class RedisStreamsTransport(Transport):
             lease = self._leases[key] = _Lease(topic, group, consumer)
         return lease
 
-    async def _ensure_group(self, topic: str, group: str) -> None:
-        try:
-            async with self._call():
-                await self._redis().xgroup_create(topic, group, id="0", mkstream=True)
-        except TransportError as e:
-            if "BUSYGROUP" not in str(e.__cause__):
-                raise
+    async def _ensure_groups(self, leases: Iterable[_Lease]) -> None:
+        for lease in leases:
+            try:
+                async with self._call():
+                    await self._redis().xgroup_create(lease.topic, lease.group, id="0",
+                                                      mkstream=True)
+            except TransportError as e:
+                if "BUSYGROUP" not in str(e.__cause__):
+                    raise
 
     async def ensure_topics(self, topics: Sequence[str]) -> None:
         """Streams and groups are made on first consume; nothing has to exist beforehand."""
@@ -293,18 +371,26 @@ class RedisStreamsTransport(Transport):
         if prefetch < 1 or not topics:
             raise ConfigError("consume needs at least one topic and prefetch >= 1")
         await self.connect()
+        # Leases outlive this call: consuming again after an error carries on with what is held.
         leases = [self._lease(topic, group, consumer) for topic in topics]
-        for lease in leases:
-            await self._ensure_group(lease.topic, group)
+        await self._ensure_groups(leases)
         batch: list[Delivery] = []
         next_claim = 0.0
         try:
             while not self._closed:
-                if next_claim <= time.monotonic() or any(lease.claim_due for lease in leases):
-                    next_claim = time.monotonic() + self._claim_idle_ms / 2000
-                    batch = await self._reclaim(leases, prefetch)
-                if not batch:
-                    batch = await self._read_new(leases, prefetch)
+                try:
+                    if next_claim <= time.monotonic() or any(lease.claim_due for lease in leases):
+                        next_claim = time.monotonic() + self._claim_idle_ms / 2000
+                        batch = await self._reclaim(leases, prefetch)
+                    if not batch:
+                        batch = await self._read_new(leases, prefetch)
+                except TransportError as e:
+                    if "NOGROUP" not in str(e.__cause__):
+                        raise
+                    # The stream or group is gone (deleted, or Redis restarted without its
+                    # data): make them again and carry on.
+                    await self._ensure_groups(leases)
+                    continue
                 batch.reverse()
                 while batch:
                     yield batch.pop()
@@ -319,19 +405,11 @@ class RedisStreamsTransport(Transport):
     async def _read_new(self, leases: list[_Lease], prefetch: int) -> list[Delivery]:
         streams = {lease.topic: ">" for lease in leases}
         lease = leases[0]
-        try:
-            with self._reads.reading():
-                async with self._call(self._block_ms):
-                    reply = await self._redis().xreadgroup(
-                        lease.group, lease.consumer, streams,  # type: ignore[arg-type]
-                        count=prefetch, block=self._block_ms)
-        except TransportError as e:
-            if "NOGROUP" not in str(e.__cause__):
-                raise
-            # The stream or group was deleted under us: make them again and carry on.
-            for each in leases:
-                await self._ensure_group(each.topic, each.group)
-            return []
+        with self._reads.reading():
+            async with self._call(self._block_ms):
+                reply = await self._redis().xreadgroup(
+                    lease.group, lease.consumer, streams,  # type: ignore[arg-type]
+                    count=prefetch, block=self._block_ms)
         return self._deliveries(leases, reply)
 
     def _deliveries(self, leases: list[_Lease], reply: Any) -> list[Delivery]:
@@ -355,11 +433,14 @@ class RedisStreamsTransport(Transport):
             claimed = await self._autoclaim(lease, prefetch - len(out))
             if claimed:
                 counts = await self._delivery_counts(lease, [ident for ident, _ in claimed])
-                for ident, fields in claimed:
-                    lease.inflight.add(ident)
-                    out.append(entry_to_delivery(lease.topic, ident, fields, counts.get(ident, 2), lease))
+                out += (entry_to_delivery(lease.topic, ident, fields, counts.get(ident, 2), lease)
+                        for ident, fields in claimed)
             if len(out) >= prefetch:
                 break
+        # Held only once the whole batch is in hand: a failure half-way leaves nothing held that
+        # is never handed out (what was claimed is claimed again after claim_idle_ms).
+        for delivery in out:
+            delivery.token.inflight.add(delivery.id)
         return out
 
     async def _autoclaim(self, lease: _Lease, limit: int) -> list[tuple[str, Any]]:
@@ -414,17 +495,30 @@ class RedisStreamsTransport(Transport):
 
     async def _keep_leases(self) -> None:
         """Keep everything this process holds — handed out or still buffered — from looking
-        abandoned, so no live consumer's work is taken over however long a debate runs."""
+        abandoned, so no live consumer's work is taken over however long a debate runs. Lives
+        through outages: one warning when refreshing starts failing, one INFO when it works again."""
+        failing = False
         while True:
             await asyncio.sleep(self._claim_idle_ms / 3000)
+            if self._closed:  # close() cancels us once the reads are done
+                return
             held = {lease: lease.inflight for lease in self._leases.values() if lease.inflight}
             if not held:
                 continue
             try:
                 async with self._call():
                     await self._refresh(held)
-            except TransportError as e:  # the next round may get through; reads will report it
-                log.warning("could not refresh pending entries: %s", e)
+            except Exception as e:  # whatever it is, the next round may get through
+                if not failing:
+                    log.warning("cannot keep held entries alive: they may be reclaimed by another "
+                                "consumer if this lasts over claim_idle_ms; retrying every %.1f s: "
+                                "%s", self._claim_idle_ms / 3000, e)
+                failing = True
+                continue
+            if failing:
+                log.info("Redis at %s answers again: held entries are kept alive again",
+                         self._where)
+            failing = False
 
     # -- reading outside any group ---------------------------------------------------------------
 
