@@ -296,6 +296,16 @@ async def test_start_on_a_fresh_debate_takes_the_lease_and_writes_the_header(
     assert other.lease is not None and other.lease.owner == "me"
 
 
+async def test_start_by_another_run_of_the_same_worker_finds_the_lease_held(
+        store: CheckpointStore) -> None:
+    # Every run leases under its own owner ("worker/run-a", "worker/run-b"): owners compare whole,
+    # so a worker's second copy of a request waits for its first instead of running it again.
+    first = await store.start("s4", "worker/run-a", LONG, b"h")
+    second = await store.start("s4", "worker/run-b", LONG, b"h")
+    assert first.acquired and not second.acquired
+    assert second.lease is not None and second.lease.owner == "worker/run-a"
+
+
 async def test_start_returns_what_is_committed_and_keeps_the_first_header(
         store: CheckpointStore) -> None:
     await store.start("s2", "me", TTL, b"first")

@@ -138,7 +138,9 @@ async def test_losing_the_lease_stops_the_run_without_a_result() -> None:
     handler = debate(FunctionLLM(slow), rounds=20).as_handler(store=store, lease_ttl_s=0.3)
     task = asyncio.create_task(handler({"input": "t"}, request_id="d5"))
     await asyncio.sleep(0.2)
-    await store.release_lease("d5", handler.durable.owner)  # another worker takes it over
+    lease = await store.get_lease("d5")
+    assert lease is not None
+    await store.release_lease("d5", lease.owner)  # another worker takes it over
     assert await store.acquire_lease("d5", "thief", 30)
     with pytest.raises(LeaseLostError):
         await asyncio.wait_for(task, 10)

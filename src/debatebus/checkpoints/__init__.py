@@ -1,4 +1,5 @@
-"""Checkpoint stores for durable debates, chosen by URL with ``store_from_url``.
+"""Checkpoint stores for durable debates, chosen by URL with ``store_from_url``, or from the
+broker's URL with ``store_for_broker`` (the default a bus gives a durable handler).
 
 ``RedisCheckpointStore`` is imported lazily, so ``redis`` stays an optional dependency.
 """
@@ -25,6 +26,7 @@ __all__ = [
     "RedisCheckpointStore",
     "SQLiteCheckpointStore",
     "StoredCheckpoint",
+    "store_for_broker",
     "store_from_url",
 ]
 
@@ -58,6 +60,24 @@ def store_from_url(url: str, **options: Any) -> CheckpointStore:
     if "://" not in url and Path(url).suffix.lower() in _SQLITE_SUFFIXES:
         return SQLiteCheckpointStore(url, **options)
     raise ConfigError(f"unsupported checkpoint store URL {url!r}: use one of {', '.join(FORMS)}")
+
+
+def store_for_broker(url: str) -> CheckpointStore | None:
+    """The default store for a bus on ``url``: Redis (Streams or pub/sub) → a Redis store on the
+    same server and db, with the same query options; ``memory://`` → a memory store; Kafka →
+    None (no shared store can be guessed from a Kafka URL)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        return MemoryCheckpointStore()
+    if scheme in ("redis", "rediss", "redis+pubsub", "rediss+pubsub"):
+        from debatebus.checkpoints.redis import RedisCheckpointStore
+
+        return RedisCheckpointStore(scheme.removesuffix("+pubsub") + url[len(scheme):])
+    if scheme == "kafka":
+        return None
+    # The scheme only: the rest of a broker URL may hold a password.
+    raise ConfigError(f"no default checkpoint store for a broker URL of scheme {scheme!r}: pass "
+                      "store= to as_handler()")
 
 
 def _sqlite_path(url: str) -> str:

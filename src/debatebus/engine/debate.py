@@ -6,7 +6,7 @@ import asyncio
 import functools
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from debatebus.engine.cross_pollination import run_cross_pollination
 from debatebus.engine.definition import Budget, DebateSpec, Judge, Participant, Until, build_spec
@@ -16,10 +16,13 @@ from debatebus.engine.result import DebateResult, Progress
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.run import DebateFailure, OnCommit, OnEvent, Run
 from debatebus.exceptions import ConfigError
+from debatebus.handlers.durable import DEFAULT_STORE_TIMEOUT_S
+from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
 from debatebus.llm.base import LLM
 from debatebus.schemas import events as ev
 
 if TYPE_CHECKING:
+    from debatebus.checkpoints.base import CheckpointStore
     from debatebus.handlers.handler import DebateHandler
 
 __all__ = ["Debate"]
@@ -139,8 +142,26 @@ class Debate:
             return f"debate {self.spec.name!r} exceeded its deadline of {self.spec.deadline_s} s"
         return None
 
-    def as_handler(self, **options: Any) -> DebateHandler:
-        """An async ``handler(payload) -> dict`` for a bus (or a direct call); see handlers."""
+    def as_handler(
+        self,
+        *,
+        store: CheckpointStore | None = None,
+        durable: bool = True,
+        lease_ttl_s: float = 30.0,
+        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        owner: str | None = None,
+        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+    ) -> DebateHandler:
+        """An async ``handler(payload) -> dict`` for a bus (or a direct call); see handlers.
+
+        Durable by default: with ``store``, or, when served by ``DebateBus`` without one, with a
+        store chosen from the broker URL (Redis → the same Redis; ``memory://`` → in memory;
+        Kafka → none, with a warning). A direct call without ``store`` keeps no checkpoints.
+        ``durable=False`` turns checkpoints off. ``store_timeout_s`` bounds every store call;
+        ``lease_ttl_s`` is how long a dead worker's debate stays locked; ``owner`` names this
+        worker in leases."""
         from debatebus.handlers.handler import DebateHandler
 
-        return DebateHandler(self, **options)
+        return DebateHandler(self, store=store, durable=durable, lease_ttl_s=lease_ttl_s,
+                             store_timeout_s=store_timeout_s, owner=owner,
+                             max_input_bytes=max_input_bytes)

@@ -1,8 +1,16 @@
-"""Encoding of checkpoints and results for a CheckpointStore: one encoder/decoder each, built once."""
+"""Encoding of checkpoints and results for a CheckpointStore: one encoder/decoder each, built once.
+
+Both the checkpoint header and the stored result record the fingerprint of what was asked (the
+input and ``maxRounds``), so a debate id reused for another question is refused, never answered
+with the other question's debate. Records written before fingerprints existed: a header is checked
+by its topic; a result carries no topic and is trusted (as those versions did).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import msgspec
 from pydantic import BaseModel
@@ -11,18 +19,66 @@ from debatebus.checkpoints.base import Counters, StoredCheckpoint
 from debatebus.engine.definition import DebateSpec
 from debatebus.engine.result import Progress
 from debatebus.engine.transcript import Round, Turn
+from debatebus.exceptions import InputError
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = [
+    "Ask",
     "CheckpointHeader",
+    "StoredResult",
     "counters_of",
     "decode_header",
     "decode_result",
     "encode_entry",
     "encode_header",
     "encode_result",
+    "request_fingerprint",
     "restore_progress",
+    "reused_id",
 ]
+
+# A key no result field uses: the fingerprint rides in the stored result's JSON object.
+_FINGERPRINT_KEY = "debatebusFingerprint"
+
+
+def request_fingerprint(topic: str, max_rounds: int | None) -> str:
+    """What a request asks, hashed: everything a producer can set that changes the debate."""
+    asked = _ENCODER.encode({"v": 1, "input": topic, "maxRounds": max_rounds})
+    return hashlib.sha256(asked).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request's question: its input, round cap, debate id and which field named the id."""
+
+    topic: str
+    max_rounds: int | None
+    debate_id: str
+    id_field: str  # "requestId" or "debateId"
+    request_id: str | None
+    fingerprint: str
+
+    @classmethod
+    def of(cls, topic: str, max_rounds: int | None, debate_id: str, id_field: str,
+           request_id: str | None) -> Ask:
+        return cls(topic, max_rounds, debate_id, id_field, request_id,
+                   request_fingerprint(topic, max_rounds))
+
+    def matches(self, fingerprint: str | None, topic: str | None) -> bool:
+        """Whether a stored record answers this question; see the module docstring for records
+        without a fingerprint."""
+        if fingerprint is not None:
+            return fingerprint == self.fingerprint
+        return topic is None or topic == self.topic
+
+
+def reused_id(ask: Ask) -> InputError:
+    return InputError(
+        f"{ask.id_field} {ask.debate_id!r} was already used for a debate with a different input "
+        "(payload.input or maxRounds differ), so its result is not this request's answer: send a "
+        f"new requestId{' without debateId' if ask.id_field == 'debateId' else ''} for a new "
+        'debate, or "replay": "rerun" to run this input afresh'
+    )
 
 
 class CheckpointHeader(msgspec.Struct, rename="camel", kw_only=True):
@@ -32,6 +88,7 @@ class CheckpointHeader(msgspec.Struct, rename="camel", kw_only=True):
     protocol_version: str
     topic: str
     created_at: str
+    fingerprint: str | None = None  # None in headers written before fingerprints
 
 
 class FramingEntry(msgspec.Struct, tag="framing"):
@@ -66,12 +123,19 @@ def encode_entry(item: Turn | Round) -> bytes:
     return _ENCODER.encode(FramingEntry(item) if isinstance(item, Turn) else RoundEntry(item))
 
 
-def encode_result(fields: dict[str, Any]) -> bytes:
-    return _ENCODER.encode(fields)
+class StoredResult(NamedTuple):
+    fields: dict[str, Any]
+    fingerprint: str | None  # None in results stored before fingerprints
 
 
-def decode_result(data: bytes) -> dict[str, Any]:
-    return _RESULT_DECODER.decode(data)
+def encode_result(fields: dict[str, Any], fingerprint: str) -> bytes:
+    return _ENCODER.encode({**fields, _FINGERPRINT_KEY: fingerprint})
+
+
+def decode_result(data: bytes) -> StoredResult:
+    fields = _RESULT_DECODER.decode(data)
+    fingerprint = fields.pop(_FINGERPRINT_KEY, None)
+    return StoredResult(fields, fingerprint if isinstance(fingerprint, str) else None)
 
 
 def counters_of(progress: Progress) -> Counters:

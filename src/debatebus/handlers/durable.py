@@ -3,7 +3,11 @@
 The round is the retry unit: a round is committed (appended to the store) before the next starts,
 so a crash re-runs at most the round in progress. A finished debate's result is stored by debate id
 and every later delivery of it — redelivery, duplicate publish, ops replay — gets the stored result
-with zero LLM calls.
+with zero LLM calls, provided it asks the same question (see ``checkpointing``).
+
+Each run takes the debate's lease under an owner of its own (never shared by two runs, even in one
+process), so two copies of a request can never both hold it: the second waits for the first's
+result. Every store call is bounded by ``store_timeout_s`` (``bounded``).
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from debatebus.checkpoints.base import CheckpointStore, Opening
 from debatebus.engine.prompts import PROTOCOL_VERSION
@@ -23,6 +29,7 @@ from debatebus.engine.run import OnEvent
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import LeaseLostError, TransportError
 from debatebus.handlers.checkpointing import (
+    Ask,
     CheckpointHeader,
     counters_of,
     decode_header,
@@ -31,6 +38,7 @@ from debatebus.handlers.checkpointing import (
     encode_header,
     encode_result,
     restore_progress,
+    reused_id,
 )
 from debatebus.schemas.envelope import now_iso
 from debatebus.schemas.results import failure_fields, result_fields
@@ -38,55 +46,76 @@ from debatebus.schemas.results import failure_fields, result_fields
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
 
-__all__ = ["DurableRunner", "LeaseKeeper", "default_owner"]
+__all__ = ["DEFAULT_STORE_TIMEOUT_S", "DurableRunner", "LeaseKeeper", "bounded", "default_owner"]
 
 log = logging.getLogger("debatebus.durable")
+
+T = TypeVar("T")
+
+DEFAULT_STORE_TIMEOUT_S = 10.0
 
 
 def default_owner() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-class LeaseKeeper:
-    """Renews every lease this process holds, every ttl/3, from one background task, and cancels
-    the run of any debate whose lease could not be renewed."""
+async def bounded(op: str, debate_id: str, call: Awaitable[T], timeout_s: float) -> T:
+    """``call`` (one checkpoint-store operation), or a TransportError after ``timeout_s``."""
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            return await call
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise TransportError(
+            f"checkpoint store {op} for debate {debate_id!r} did not answer within {timeout_s} s: "
+            "check that the store is reachable (store_timeout_s on as_handler sets this limit)"
+        ) from None
 
-    def __init__(self, store: CheckpointStore, owner: str, ttl_s: float) -> None:
+
+class LeaseKeeper:
+    """Renews every lease this runner holds, every ttl/3, from one background task, and cancels
+    the run whose lease could not be renewed. Leases are keyed by their run's own owner."""
+
+    def __init__(self, store: CheckpointStore, ttl_s: float, store_timeout_s: float) -> None:
         self.store = store
-        self.owner = owner
         self.ttl_s = ttl_s
-        self.held: dict[str, asyncio.Task[Any]] = {}
+        self.store_timeout_s = store_timeout_s
+        self.held: dict[str, tuple[str, asyncio.Task[Any]]] = {}  # owner → (debate id, run)
         self.lost: set[str] = set()
         self._loop_task: asyncio.Task[None] | None = None
 
-    def track(self, debate_id: str, run: asyncio.Task[Any]) -> None:
-        self.held[debate_id] = run
+    def track(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
+        self.held[owner] = (debate_id, run)
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.create_task(self._renew_forever())
 
-    def untrack(self, debate_id: str) -> bool:
+    def untrack(self, owner: str) -> bool:
         """Stop renewing; True when the lease had been lost meanwhile."""
-        self.held.pop(debate_id, None)
-        if debate_id in self.lost:
-            self.lost.discard(debate_id)
+        self.held.pop(owner, None)
+        if owner in self.lost:
+            self.lost.discard(owner)
             return True
         return False
 
     async def _renew_forever(self) -> None:
         while self.held:
             await asyncio.sleep(self.ttl_s / 3)
-            for debate_id, run in list(self.held.items()):
-                await self._renew(debate_id, run)
+            # Concurrently: one slow renewal must not delay the others past their expiry.
+            await asyncio.gather(*(self._renew(owner, debate_id, run)
+                                   for owner, (debate_id, run) in list(self.held.items())))
 
-    async def _renew(self, debate_id: str, run: asyncio.Task[Any]) -> None:
+    async def _renew(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
         try:
-            still_ours = await self.store.renew_lease(debate_id, self.owner, self.ttl_s)
+            still_ours = await bounded("renew", debate_id, self.store.renew_lease(
+                debate_id, owner, self.ttl_s), self.store_timeout_s)
         except TransportError as exc:  # the store may be back before the lease expires
             log.warning("could not renew the lease on debate %s: %s", debate_id, exc)
             return
-        if not still_ours and debate_id in self.held:
+        if not still_ours and owner in self.held:
             log.warning("lost the lease on debate %s: stopping its run", debate_id)
-            self.lost.add(debate_id)
+            self.lost.add(owner)
             run.cancel()
 
 
@@ -94,66 +123,77 @@ class DurableRunner:
     """Runs a debate against a CheckpointStore; returns the ``debate*`` result fields."""
 
     def __init__(self, debate: Debate, store: CheckpointStore, *, owner: str | None = None,
-                 lease_ttl_s: float = 30.0, lease_poll_s: float = 1.0) -> None:
+                 lease_ttl_s: float = 30.0, lease_poll_s: float = 1.0,
+                 store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S) -> None:
         self.debate = debate
         self.store = store
         self.owner = owner or default_owner()
         self.lease_poll_s = lease_poll_s
-        self.keeper = LeaseKeeper(store, self.owner, lease_ttl_s)
+        self.store_timeout_s = store_timeout_s
+        self.keeper = LeaseKeeper(store, lease_ttl_s, store_timeout_s)
 
-    async def run(self, topic: str, debate_id: str, max_rounds: int | None,
-                  request_id: str | None, on_event: OnEvent | None) -> dict[str, Any]:
-        header = self._header(debate_id, topic)
+    def _bounded(self, op: str, debate_id: str, call: Awaitable[T]) -> Awaitable[T]:
+        return bounded(op, debate_id, call, self.store_timeout_s)
+
+    def run_owner(self) -> str:
+        """A lease owner for one run: this runner's owner and a part no other run shares."""
+        return f"{self.owner}/{secrets.token_hex(6)}"
+
+    async def run(self, ask: Ask, on_event: OnEvent | None) -> dict[str, Any]:
+        debate_id, owner = ask.debate_id, self.run_owner()
+        header = self._header(ask)
         encoded = encode_header(header)
-        opening = await self._open(debate_id, encoded)
+        opening = await self._open(debate_id, owner, encoded)
         if opening.result is not None:
             if opening.acquired:
-                await self._release(debate_id)
-            return _replayed(opening.result)
+                await self._release(debate_id, owner)
+            return _replayed(opening.result, ask)
         finished = False
         try:
-            progress = self._restore(debate_id, topic, header, encoded, opening)
+            progress = self._restore(ask, header, encoded, opening)
             if isinstance(progress, str):
                 return failure_fields(debate_id, progress)
-            fields = await self._run_leased(topic, debate_id, max_rounds, request_id, on_event,
-                                            progress)
-            await self.store.finish(debate_id, self.owner, encode_result(fields))
+            fields = await self._run_leased(ask, owner, on_event, progress)
+            await self._bounded("finish", debate_id, self.store.finish(
+                debate_id, owner, encode_result(fields, ask.fingerprint)))
             finished = True
             return fields
         finally:
             if not finished:
-                await self._release(debate_id)
+                await self._release(debate_id, owner)
 
-    async def _open(self, debate_id: str, encoded: bytes) -> Opening:
-        """Wait while another live worker holds the debate: never start a second run of it."""
+    async def _open(self, debate_id: str, owner: str, encoded: bytes) -> Opening:
+        """Wait while another run (here or on another worker) holds the debate: never start a
+        second run of it."""
         while True:
-            opening = await self.store.start(debate_id, self.owner, self.keeper.ttl_s, encoded)
+            opening = await self._bounded("start", debate_id, self.store.start(
+                debate_id, owner, self.keeper.ttl_s, encoded))
             if opening.result is not None or opening.acquired:
                 return opening
             remaining = opening.lease.expires_in_s if opening.lease else 0.0
             await asyncio.sleep(min(max(remaining, 0.05), self.lease_poll_s))
 
-    async def _release(self, debate_id: str) -> None:
+    async def _release(self, debate_id: str, owner: str) -> None:
         with contextlib.suppress(TransportError):
-            await self.store.release_lease(debate_id, self.owner)
+            await self._bounded("release", debate_id, self.store.release_lease(debate_id, owner))
 
-    def _header(self, debate_id: str, topic: str) -> CheckpointHeader:
+    def _header(self, ask: Ask) -> CheckpointHeader:
         return CheckpointHeader(
-            debate_id=debate_id, debate_name=self.debate.spec.name,
+            debate_id=ask.debate_id, debate_name=self.debate.spec.name,
             definition_hash=self.debate.definition_hash, protocol_version=PROTOCOL_VERSION,
-            topic=topic, created_at=now_iso(),
+            topic=ask.topic, created_at=now_iso(), fingerprint=ask.fingerprint,
         )
 
-    def _restore(self, debate_id: str, topic: str, header: CheckpointHeader, encoded: bytes,
+    def _restore(self, ask: Ask, header: CheckpointHeader, encoded: bytes,
                  opening: Opening) -> Progress | str | None:
-        """Committed progress (None when fresh), or why it can't be resumed."""
+        """Committed progress (None when fresh), or why it can't be resumed. Raises InputError
+        when the checkpoint is another question's."""
         stored = opening.header
         first = header if stored is None or stored == encoded else decode_header(stored)
-        if first.topic != topic:
-            return (f"debate {debate_id!r} was started on another topic ({first.topic[:80]!r}): "
-                    'send a new debateId, or "replay": "rerun" to start afresh')
+        if not ask.matches(first.fingerprint, first.topic):
+            raise reused_id(ask)
         if first.definition_hash != header.definition_hash and self.debate.drift == "strict":
-            return (f"debate {header.debate_name!r} changed since debate {debate_id!r} was "
+            return (f"debate {header.debate_name!r} changed since debate {ask.debate_id!r} was "
                     f"checkpointed (definition {first.definition_hash} → "
                     f"{header.definition_hash}): resume with drift='loose', or send "
                     '"replay": "rerun" to start afresh')
@@ -162,28 +202,30 @@ class DurableRunner:
             return None
         return restore_progress(checkpoint, self.debate.spec)
 
-    async def _run_leased(self, topic: str, debate_id: str, max_rounds: int | None,
-                          request_id: str | None, on_event: OnEvent | None,
+    async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           progress: Progress | None) -> dict[str, Any]:
+        debate_id = ask.debate_id
+
         async def commit(state: Progress, item: Turn | Round) -> None:
             # The framing and every round are written before the debate goes on, so a crash
             # costs at most the calls of the step it interrupted.
-            await self.store.append_many(debate_id, [encode_entry(item)], counters_of(state))
+            await self._bounded("append", debate_id, self.store.append_many(
+                debate_id, [encode_entry(item)], counters_of(state)))
 
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.
         task = asyncio.current_task()
         assert task is not None
-        self.keeper.track(debate_id, task)
+        self.keeper.track(owner, debate_id, task)
         try:
             result = await self.debate.run(
-                topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,
-                resume=progress, on_commit=commit, request_id=request_id)
+                ask.topic, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
+                resume=progress, on_commit=commit, request_id=ask.request_id)
         except asyncio.CancelledError:
-            if self.keeper.untrack(debate_id) and task.uncancel() == 0:
+            if self.keeper.untrack(owner) and task.uncancel() == 0:
                 raise _lease_lost(debate_id) from None
             raise
-        if self.keeper.untrack(debate_id):  # lost as the debate ended: don't publish it
+        if self.keeper.untrack(owner):  # lost as the debate ended: don't publish it
             raise _lease_lost(debate_id)
         return result_fields(result)
 
@@ -192,7 +234,9 @@ def _lease_lost(debate_id: str) -> LeaseLostError:
     return LeaseLostError(f"lost the lease on debate {debate_id!r}: another worker may resume it")
 
 
-def _replayed(stored: bytes) -> dict[str, Any]:
-    fields = decode_result(stored)
-    fields["debateReplayed"] = True
-    return fields
+def _replayed(data: bytes, ask: Ask) -> dict[str, Any]:
+    stored = decode_result(data)
+    if not ask.matches(stored.fingerprint, None):
+        raise reused_id(ask)
+    stored.fields["debateReplayed"] = True
+    return stored.fields

@@ -1,14 +1,25 @@
-"""``debate.as_handler()``: a debate as an async ``handler(payload) -> dict``, with or without a bus."""
+"""``debate.as_handler()``: a debate as an async ``handler(payload) -> dict``, on a bus or called
+directly.
+
+Concurrent calls for one debate id share one run (single flight): the copies wait for it and get
+its result marked ``debateReplayed: true``, with or without a checkpoint store.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from debatebus.checkpoints import store_for_broker
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.engine.run import OnEvent
-from debatebus.handlers.durable import DurableRunner
+from debatebus.exceptions import ConfigError
+from debatebus.handlers.checkpointing import Ask
+from debatebus.handlers.durable import DEFAULT_STORE_TIMEOUT_S, DurableRunner
 from debatebus.handlers.inputs import (
     DEFAULT_MAX_INPUT_BYTES,
     read_debate_id,
@@ -21,33 +32,113 @@ from debatebus.schemas.results import result_fields
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
 
-__all__ = ["DebateHandler"]
+__all__ = ["DebateHandler", "attach_default_stores", "no_default_store_warning"]
+
+log = logging.getLogger("debatebus.durable")
+
+Fields = dict[str, Any]
+
+
+class _SingleFlight:
+    """One run per debate id at a time; the copies that arrive meanwhile share its result."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[Ask, asyncio.Future[Fields | None]]] = {}
+
+    async def run(self, ask: Ask, start: Callable[[], Awaitable[Fields]]) -> tuple[Fields, bool]:
+        """The run's fields, and whether they came from another call's run."""
+        while (current := self._runs.get(ask.debate_id)) is not None:
+            running, shared = current
+            # shield: a copy cancelled while waiting must not cancel what the others wait for.
+            fields = await asyncio.shield(shared)
+            if fields is not None and running.fingerprint == ask.fingerprint:
+                return fields, True
+            # That run ended without a result (crash, lost lease, shutdown), or it answered
+            # another input (the store, if any, then refuses this one): go our own way.
+        outcome: asyncio.Future[Fields | None] = asyncio.get_running_loop().create_future()
+        self._runs[ask.debate_id] = (ask, outcome)
+        fields = None
+        try:
+            fields = await start()
+            return fields, False
+        finally:
+            del self._runs[ask.debate_id]
+            outcome.set_result(fields)
 
 
 class DebateHandler:
     """Reads ``payload["input"]`` as the topic, runs the debate, returns the payload merged with the
-    ``debate*`` result fields. Raises ``InputError`` for a malformed payload; never raises for a
-    failed debate (``debateStatus`` says ``"failed"``)."""
+    ``debate*`` result fields. Raises ``InputError`` for a malformed payload or a debate id already
+    used for another input; never raises for a failed debate (``debateStatus`` says ``"failed"``).
+
+    Durable (the default) with a ``store``; a durable handler without one runs store-less when
+    called directly, and ``DebateBus`` gives it a store chosen from the broker URL
+    (``wants_default_store`` / ``use_default_store``)."""
 
     def __init__(
         self,
         debate: Debate,
         *,
         store: CheckpointStore | None = None,
+        durable: bool = True,
         lease_ttl_s: float = 30.0,
+        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
         owner: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
     ) -> None:
+        if store is not None and not durable:
+            raise ConfigError("durable=False with a store: drop store= for a handler without "
+                              "checkpoints, or drop durable=False to use the store")
+        for name, value in (("lease_ttl_s", lease_ttl_s), ("store_timeout_s", store_timeout_s)):
+            if not (value > 0 and math.isfinite(value)):  # also rejects NaN
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         self.debate = debate
-        self.store = store
+        self.durable = durable
         self.max_input_bytes = max_input_bytes
-        self.durable = (
-            DurableRunner(debate, store, owner=owner, lease_ttl_s=lease_ttl_s) if store else None
-        )
+        self._lease_ttl_s = lease_ttl_s
+        self._store_timeout_s = store_timeout_s
+        self._owner = owner
+        self.runner: DurableRunner | None = None
+        self._flights = _SingleFlight()
+        if store is not None:
+            self.runner = self._runner(store)
+
+    def _runner(self, store: CheckpointStore) -> DurableRunner:
+        return DurableRunner(self.debate, store, owner=self._owner, lease_ttl_s=self._lease_ttl_s,
+                             store_timeout_s=self._store_timeout_s)
 
     @property
     def name(self) -> str:
         return self.debate.name
+
+    @property
+    def store(self) -> CheckpointStore | None:
+        return self.runner.store if self.runner is not None else None
+
+    @property
+    def wants_default_store(self) -> bool:
+        """Durable, but given no store: a bus should give it one (``use_default_store``)."""
+        return self.durable and self.runner is None
+
+    def use_default_store(self, store: CheckpointStore) -> None:
+        """Give a durable handler without a store the bus's default one, before the bus starts."""
+        if not self.wants_default_store:
+            raise ConfigError(
+                "use_default_store() is for a durable handler without a store: this one "
+                + ("has a store already" if self.durable else "was made with durable=False")
+            )
+        self.runner = self._runner(store)
+
+    def ask(self, payload: Mapping[str, Any], request_id: str | None) -> Ask:
+        """What ``payload`` asks, validated: InputError says what to fix."""
+        topic = read_topic(payload, self.max_input_bytes)
+        max_rounds = read_max_rounds(payload, self.debate.spec.max_rounds)
+        named = read_debate_id(payload)
+        debate_id = named or request_id or uuid.uuid4().hex
+        if read_replay(payload) == "rerun":
+            debate_id = f"{debate_id}~rerun-{uuid.uuid4().hex[:8]}"
+        id_field = "debateId" if named else "requestId"
+        return Ask.of(topic, max_rounds, debate_id, id_field, request_id)
 
     async def __call__(
         self,
@@ -56,16 +147,50 @@ class DebateHandler:
         request_id: str | None = None,
         on_event: OnEvent | None = None,
     ) -> dict[str, Any]:
-        topic = read_topic(payload, self.max_input_bytes)
-        max_rounds = read_max_rounds(payload, self.debate.spec.max_rounds)
-        debate_id = read_debate_id(payload) or request_id or uuid.uuid4().hex
-        if read_replay(payload) == "rerun":
-            debate_id = f"{debate_id}~rerun-{uuid.uuid4().hex[:8]}"
-        if self.durable is not None:
-            fields = await self.durable.run(topic, debate_id, max_rounds, request_id, on_event)
-            return {**payload, **fields}
+        ask = self.ask(payload, request_id)
+        fields, shared = await self._flights.run(ask, lambda: self._run(ask, on_event))
+        if shared:
+            return {**payload, **fields, "debateReplayed": True}
+        return {**payload, **fields}
+
+    async def _run(self, ask: Ask, on_event: OnEvent | None) -> Fields:
+        if self.runner is not None:
+            return await self.runner.run(ask, on_event)
         result = await self.debate.run(
-            topic, debate_id=debate_id, max_rounds=max_rounds, on_event=on_event,
-            request_id=request_id,
+            ask.topic, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
+            request_id=ask.request_id,
         )
-        return {**payload, **result_fields(result)}
+        return result_fields(result)
+
+
+def no_default_store_warning(why: str) -> str:
+    """The WARNING a worker logs once when its durable handlers get no store; ``why`` says what
+    the bus runs on (e.g. "the broker is Kafka")."""
+    return (
+        f"{why}, so no shared checkpoint store can be guessed and debates on this worker are not "
+        "durable: a redelivered or duplicated request re-runs its debate from round 1, and a "
+        "replayed one pays for every LLM call again. Fix: give the handler a store shared by all "
+        'workers, e.g. debate.as_handler(store=RedisCheckpointStore("redis://host:6379/0")), or '
+        'SQLiteCheckpointStore("/var/lib/debatebus/checkpoints.db") when every worker is on one '
+        "host; or as_handler(durable=False) to run without checkpoints on purpose"
+    )
+
+
+def attach_default_stores(
+    handlers: Iterable[object], broker_url: str | None
+) -> CheckpointStore | None:
+    """Give each durable DebateHandler in ``handlers`` that has no store the default one for
+    ``broker_url`` (None: the bus was built on a Transport object, with no URL to go by); call
+    before connecting. Returns the store it made, shared by those handlers, or None; logs
+    ``no_default_store_warning`` once when a handler wanted a store and none can be chosen."""
+    wanting = {id(h): h for h in handlers if isinstance(h, DebateHandler) and h.wants_default_store}
+    if not wanting:
+        return None
+    store = store_for_broker(broker_url) if broker_url is not None else None
+    if store is None:
+        log.warning(no_default_store_warning(
+            "the broker is Kafka" if broker_url is not None else "the bus was given a transport"))
+        return None
+    for handler in wanting.values():
+        handler.use_default_store(store)
+    return store

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from debatebus.exceptions import InputError
 
 __all__ = [
     "DEFAULT_MAX_INPUT_BYTES",
+    "MAX_ROUNDS_LIMIT",
     "read_debate_id",
     "read_max_rounds",
     "read_replay",
@@ -16,6 +18,8 @@ __all__ = [
 ]
 
 DEFAULT_MAX_INPUT_BYTES = 64 * 1024
+#: No request may ask for more rounds than this, whatever the debate's own cap (which applies too).
+MAX_ROUNDS_LIMIT: Final = 1000
 
 
 def read_topic(payload: Any, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> str:
@@ -45,9 +49,31 @@ def read_max_rounds(payload: Mapping[str, Any], cap: int) -> int | None:
     value = payload.get("maxRounds")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"payload.maxRounds must be an integer ≥ 1, got {value!r}")
-    return min(value, cap)
+    return min(_read_count(value, "payload.maxRounds", MAX_ROUNDS_LIMIT), cap)
+
+
+def _read_count(value: object, name: str, limit: int) -> int:
+    """``value`` as a whole number from 1 to ``limit``; a float without a fraction (``2.0``) is
+    accepted, since JSON does not tell them apart. InputError says what to send otherwise."""
+    send = f"send a whole number from 1 to {limit}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}: {send}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, got {value}: {send}")
+    if value % 1:
+        raise InputError(f"{name} must be a whole number, got {_shown(value)}: {send}")
+    if value < 1:
+        raise InputError(f"{name} must be an integer ≥ 1, got {_shown(value)}: {send}")
+    if value > limit:
+        raise InputError(f"{name} is {_shown(value)}, over the limit of {limit}: {send}")
+    return int(value)
+
+
+def _shown(number: int | float) -> str:
+    if isinstance(number, float):
+        return f"{number:g}"
+    # str() of an int of thousands of digits raises, and would flood the message anyway.
+    return str(number) if abs(number) < 10**15 else "a number of 16 digits or more"
 
 
 def read_debate_id(payload: Mapping[str, Any]) -> str | None:
