@@ -312,3 +312,34 @@ def test_import_without_the_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delitem(sys.modules, "debatebus.llm.openai_compat", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'debatebus\[openai\]'"):
         import debatebus.llm.openai_compat  # noqa: F401
+
+
+# --- a call is bounded as a whole ----------------------------------------------------------------
+
+
+async def test_a_hanging_server_costs_one_total_timeout_not_every_attempt(
+    fake_api: FakeAPI,
+) -> None:
+    fake_api.plan(*[Reply(delay=5.0) for _ in range(10)])
+    llm = OpenAICompatibleLLM(
+        "fake-model", base_url=f"{fake_api.url}/v1", timeout=0.4, total_timeout=1.0,
+        max_retries=9,
+    )
+    with pytest.raises(LLMTimeoutError, match=r"total_timeout=1s") as info:
+        await llm.complete(REQUEST)
+    assert "fake-model" in str(info.value)
+    assert len(fake_api.requests) <= 3  # 0.4 s + 0.4 s + what is left, never 10 attempts
+
+
+async def test_a_retry_after_beyond_the_cap_fails_at_once(fake_api: FakeAPI) -> None:
+    sleeps = Sleeps()
+    fake_api.plan(*[Reply(429, {"error": {"message": "quota"}}, headers={"Retry-After": "300"})
+                    for _ in range(4)])
+    with pytest.raises(LLMRateLimitError) as info:
+        await make(fake_api, sleeps).complete(REQUEST)
+    message = str(info.value)
+    assert "provider asked to wait 300 s, more than the cap 60 s (max_retry_after)" in message
+    assert "HTTP 429 rate limited: quota" in message
+    assert isinstance(info.value.__cause__, openai.RateLimitError)
+    assert len(fake_api.requests) == 1
+    assert sleeps.delays == []

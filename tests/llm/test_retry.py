@@ -17,8 +17,8 @@ from debatebus.llm.retry import (
     call_with_retries,
     failure_for_status,
     parse_retry_after,
-    redact,
 )
+from debatebus.redaction import redact
 
 
 class Sleeps:
@@ -84,11 +84,11 @@ def test_backoff_is_exponential_capped_and_fully_jittered() -> None:
     assert bottom.delay(3, None) == 0.0
 
 
-def test_retry_after_wins_over_backoff_unless_unreasonably_long() -> None:
-    p = RetryPolicy(base_delay=0.5, max_retry_after=60.0, jitter=lambda: 1.0)
+def test_retry_after_wins_over_backoff() -> None:
+    p = RetryPolicy(base_delay=0.5, jitter=lambda: 1.0)
     assert p.delay(0, 7.0) == 7.0
     assert p.delay(0, 0.0) == 0.0
-    assert p.delay(0, 3600.0) == 0.5  # an hour is ignored: our backoff applies
+    assert p.delay(0, None) == 0.5
 
 
 # --- the loop ----------------------------------------------------------------------------------
@@ -230,3 +230,72 @@ async def test_redactor_cleans_the_whole_exception_chain() -> None:
     assert "[REDACTED]" in printed
     assert key not in repr(sdk.body)
     assert "check the API key" in str(info.value)
+
+
+# --- the cap on one call -------------------------------------------------------------------------
+
+
+async def test_a_retry_after_beyond_max_retry_after_fails_at_once() -> None:
+    sleeps = Sleeps()
+    calls, attempt = failing(Flaky(429, {"retry-after": "3600"}))
+    with pytest.raises(LLMRateLimitError) as info:
+        await call_with_retries(
+            attempt, model="m", policy=policy(sleeps, max_retry_after=60.0), classify=classify,
+            redactor=Redactor(),
+        )
+    message = str(info.value)
+    assert "provider asked to wait 3600 s, more than the cap 60 s (max_retry_after)" in message
+    assert "HTTP 429" in message
+    assert len(calls) == 1
+    assert sleeps.delays == []
+
+
+async def test_a_retry_after_beyond_what_remains_of_the_total_fails_at_once() -> None:
+    sleeps = Sleeps()
+    calls, attempt = failing(Flaky(503, {"retry-after": "30"}))
+    with pytest.raises(LLMRateLimitError, match=r"asked to wait 30 s, more than the cap") as info:
+        await call_with_retries(
+            attempt, model="m", policy=policy(sleeps, total_timeout=10.0), classify=classify,
+            redactor=Redactor(),
+        )
+    assert "what remains of total_timeout=10s" in str(info.value)
+    assert isinstance(info.value.__cause__, Flaky)
+    assert len(calls) == 1
+    assert sleeps.delays == []
+
+
+async def test_a_hanging_provider_costs_at_most_the_total_timeout() -> None:
+    calls: list[int] = []
+
+    async def hang() -> str:
+        calls.append(1)
+        await asyncio.sleep(60)
+        return "never"
+
+    with pytest.raises(LLMTimeoutError, match=r"no answer within total_timeout=0\.5s") as info:
+        await call_with_retries(
+            hang, model="m", policy=policy(Sleeps(), timeout=0.2, total_timeout=0.5,
+                                           base_delay=0.001, max_retries=50),
+            classify=classify, redactor=Redactor(),
+        )
+    assert "gave up after 3 attempts" in str(info.value)  # 0.2 s, 0.2 s, then the 0.1 s left
+    assert len(calls) == 3
+
+
+async def test_backoff_that_would_outlast_the_total_stops_the_retries() -> None:
+    sleeps = Sleeps()
+    calls, attempt = failing(Flaky(500), Flaky(500))
+    with pytest.raises(LLMError, match=r"gave up after 1 attempt; total_timeout=1s reached"):
+        await call_with_retries(
+            attempt, model="m", policy=policy(sleeps, base_delay=5.0, total_timeout=1.0),
+            classify=classify, redactor=Redactor(),
+        )
+    assert len(calls) == 1
+    assert sleeps.delays == []
+
+
+def test_the_default_policy_bounds_a_call() -> None:
+    default = RetryPolicy()
+    assert default.total_timeout is not None
+    assert default.timeout is not None
+    assert default.total_timeout < (default.max_retries + 1) * default.timeout

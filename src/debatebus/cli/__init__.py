@@ -8,7 +8,9 @@ import importlib
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
+
+from debatebus.redaction import redact
 
 __all__ = ["main"]
 
@@ -31,8 +33,15 @@ def _load(name: str) -> ModuleType | None:
         raise
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line on stderr, exit code 2, secrets masked."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="debatebus", description="Multi-agent LLM debates served on Redis and Kafka."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -48,13 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(func: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
+def _runner() -> Callable[[Coroutine[Any, Any, int]], int]:
+    """uvloop's ``run`` when installed, else asyncio's."""
     try:
         import uvloop
-
-        return int(uvloop.run(func(args)))
     except ImportError:
-        return asyncio.run(func(args))
+        return asyncio.run
+    return uvloop.run
+
+
+def _run(func: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: argparse.Namespace) -> int:
+    # The runner is chosen before anything runs, so no exception of the command can carry the
+    # ImportError of a missing uvloop as its __context__.
+    return int(_runner()(func(args)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args.func, args)
     except DebatebusError as exc:
-        print(f"debatebus: {exc}", file=sys.stderr)
+        print(f"debatebus: {redact(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from debatebus.cli.common import add_broker, broker_url
+from debatebus.cli.common import add_broker, broker_url, port, positive_int, seconds
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
 from debatebus.worker import DebateBus
@@ -21,7 +21,8 @@ __all__ = ["add_parser", "load_app"]
 def add_parser(sub: Any) -> None:
     worker = sub.add_parser("worker", help="serve a DebateBus app: debatebus worker myapp:app")
     worker.add_argument("app", help="module:attribute of a DebateBus (or a function returning one)")
-    worker.add_argument("--concurrency", type=int, help="debates at once in this process")
+    worker.add_argument("--concurrency", type=positive_int, metavar="N",
+                        help="debates at once in this process")
     _add_observability(worker)
     worker.set_defaults(func=_worker)
 
@@ -31,13 +32,15 @@ def add_parser(sub: Any) -> None:
     publish.add_argument("--payload", help="the whole payload as JSON (overrides --input)")
     publish.add_argument("--request-id")
     publish.add_argument("--wait", action="store_true", help="wait for the result and print it")
-    publish.add_argument("--timeout", type=float, default=300.0)
+    publish.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
+                         help="with --wait: give up after this many seconds (default 300)")
     add_broker(publish)
     publish.set_defaults(func=_publish)
 
     tail = sub.add_parser("tail", help="print messages on an event type as JSON lines")
     tail.add_argument("type", help="event type, e.g. event:debate:request:completed")
-    tail.add_argument("--count", type=int, help="stop after this many messages")
+    tail.add_argument("--count", type=positive_int, metavar="N",
+                      help="stop after this many messages")
     add_broker(tail)
     tail.set_defaults(func=_tail)
 
@@ -49,8 +52,11 @@ def add_parser(sub: Any) -> None:
 
 
 def _add_observability(worker: argparse.ArgumentParser) -> None:
-    worker.add_argument("--metrics-port", type=int, metavar="PORT",
-                        help="serve Prometheus metrics on http://0.0.0.0:PORT/metrics")
+    worker.add_argument("--metrics-port", type=port, metavar="PORT",
+                        help="serve Prometheus metrics on http://HOST:PORT/metrics")
+    worker.add_argument("--metrics-host", metavar="HOST",
+                        help="interface for --metrics-port (default loopback, 127.0.0.1; "
+                             "0.0.0.0 exposes the metrics on every interface)")
     worker.add_argument("--log-format", choices=("text", "json"), default="text",
                         help="text lines, or one JSON object per line (default text)")
     worker.add_argument("--log-level", default="INFO", type=str.upper,
@@ -66,13 +72,24 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
     from debatebus.observability.logs import LoggingObserver
 
     app.add_observer(LoggingObserver(log_transcripts=args.log_transcripts))
+    if args.metrics_host and not args.metrics_port:
+        raise ConfigError("--metrics-host needs --metrics-port: give both, or neither")
     if args.metrics_port:
         try:
-            from debatebus.observability.metrics import PrometheusObserver, start_metrics_server
+            from debatebus.observability.metrics import (
+                DEFAULT_METRICS_HOST,
+                PrometheusObserver,
+                start_metrics_server,
+            )
         except ImportError as exc:
             raise ConfigError(str(exc)) from exc
         app.add_observer(PrometheusObserver())
-        start_metrics_server(args.metrics_port)
+        host = args.metrics_host or DEFAULT_METRICS_HOST
+        try:
+            start_metrics_server(args.metrics_port, host=host)
+        except OSError as exc:  # port taken, unknown host…
+            raise ConfigError(f"cannot serve metrics on {host}:{args.metrics_port}: "
+                              f"{exc.strerror or exc}") from None
     if args.otel:
         from debatebus.observability.tracing import TracingObserver, provider_configured
 

@@ -8,10 +8,10 @@ import asyncio
 import time
 from typing import Any
 
-from debatebus.cli.common import add_broker, broker_url
+from debatebus.cli.common import add_broker, broker_url, seconds
 from debatebus.exceptions import DebatebusError
 from debatebus.observability.heartbeat import latest_heartbeat
-from debatebus.observability.logs import redact
+from debatebus.redaction import redact
 from debatebus.worker import DEFAULT_GROUP
 
 __all__ = ["add_parser", "check", "judge"]
@@ -26,10 +26,10 @@ def add_parser(sub: Any) -> None:
     add_broker(check_parser)
     check_parser.add_argument("--group", default=DEFAULT_GROUP,
                               help=f"the workers' consumer group (default {DEFAULT_GROUP})")
-    check_parser.add_argument("--max-age", type=float, metavar="S",
+    check_parser.add_argument("--max-age", type=seconds, metavar="S",
                               help="oldest acceptable heartbeat in seconds "
                                    "(default 3× the worker's heartbeat interval)")
-    check_parser.add_argument("--timeout", type=float, default=5.0, metavar="S",
+    check_parser.add_argument("--timeout", type=seconds, default=5.0, metavar="S",
                               help="give up on the broker after this many seconds (default 5)")
     check_parser.set_defaults(func=_check)
 
@@ -37,7 +37,7 @@ def add_parser(sub: Any) -> None:
 async def _check(args: argparse.Namespace) -> int:
     code, line = await check(broker_url(args.broker), args.group, args.max_age,
                              timeout=args.timeout)
-    print(line, flush=True)
+    print(redact(line), flush=True)  # heartbeat fields and broker errors may quote the URL
     return code
 
 

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from debatebus.cli.common import positive_int
 from debatebus.engine import Debate, interpret_phi_hat
 from debatebus.schemas import events as ev
 from debatebus.schemas.results import result_fields, to_builtins
@@ -25,16 +26,6 @@ PROTOCOLS = ("round-robin", "cross-pollination")
 _PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red")
 _MODERATOR_COLOUR = "bright_white"
 _JUDGE_COLOUR = "red"
-
-
-def _rounds(value: str) -> int:
-    try:
-        rounds = int(value)
-    except ValueError:
-        rounds = 0
-    if rounds < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, not {value!r}")
-    return rounds
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,7 +42,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "scripted:FILE.json (default: $DEBATEBUS_LLM, else local)",
     )
     parser.add_argument("--protocol", choices=PROTOCOLS, default="round-robin")
-    parser.add_argument("--rounds", type=_rounds, default=2, metavar="N", help="default 2")
+    parser.add_argument("--rounds", type=positive_int, default=2, metavar="N", help="default 2")
     parser.add_argument("--judge", action="store_true", help="add a judge that rules each round")
     parser.add_argument("--json", action="store_true", help="print the result document only")
     parser.set_defaults(func=run)

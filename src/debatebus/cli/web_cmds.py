@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from debatebus.cli.common import add_broker, broker_url
+from debatebus.cli.common import add_broker, broker_url, port, positive_int
 from debatebus.exceptions import ConfigError
 
 __all__ = ["add_parser", "render_asyncapi"]
@@ -30,8 +30,9 @@ def add_parser(sub: Any) -> None:
     add_broker(web)
     web.add_argument("--host", default="127.0.0.1",
                      help="interface to listen on (default 127.0.0.1: transcripts are not public)")
-    web.add_argument("--port", type=int, default=8000)
-    web.add_argument("--history", type=int, default=200, help="debates kept in memory")
+    web.add_argument("--port", type=port, default=8000)
+    web.add_argument("--history", type=positive_int, default=200, metavar="N",
+                     help="debates kept in memory (default 200)")
     web.add_argument("--events-topic", default="debate:events")
     web.set_defaults(func=_web)
 
@@ -68,8 +69,6 @@ async def _web(args: argparse.Namespace) -> int:
         if exc.name not in _WEB_MODULES:
             raise
         raise ConfigError("debatebus web needs the web extra: pip install 'debatebus[web]'") from exc
-    if args.history < 1:
-        raise ConfigError(f"--history must be ≥ 1, got {args.history}")
     app = create_app(broker_url(args.broker), history=args.history, events_topic=args.events_topic)
     # Open event streams would hold a graceful shutdown forever; cut them after a few seconds.
     config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=3,

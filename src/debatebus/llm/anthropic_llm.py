@@ -20,8 +20,15 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from debatebus.exceptions import ConfigError, LLMResponseError
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
-from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, map_sdk_error
+from debatebus.llm.retry import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_TOTAL_TIMEOUT,
+    ProviderFailure,
+    RetryPolicy,
+    map_sdk_error,
+)
 from debatebus.llm.structured import Completion
+from debatebus.redaction import redact
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["AnthropicLLM", "map_anthropic_error"]
@@ -75,8 +82,9 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
 
     The key comes from ``api_key`` or the SDK's usual sources (``ANTHROPIC_API_KEY``…); a server
     that is not a paid provider gets a placeholder when none is set. ``temperature`` is sent as an
-    extra body field because recent SDKs no longer list it. ``retry_policy``, when given, replaces
-    the policy built from ``timeout`` and ``max_retries``.
+    extra body field because recent SDKs no longer list it. ``timeout`` bounds one attempt,
+    ``total_timeout`` one call over all its attempts and waits. ``retry_policy``, when given,
+    replaces the policy built from ``timeout``, ``total_timeout`` and ``max_retries``.
     """
 
     def __init__(
@@ -85,7 +93,8 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
         *,
         api_key: str | None = None,
         base_url: str | None = None,
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT,
+        total_timeout: float | None = DEFAULT_TOTAL_TIMEOUT,
         max_retries: int = 3,
         max_tokens: int = 1024,
         temperature: float | None = None,
@@ -101,19 +110,19 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
             base_url=base_url,
             base_url_env="ANTHROPIC_BASE_URL",
         )
-        redact = Redactor([key])
         try:
             client = anthropic.AsyncAnthropic(
                 api_key=key, base_url=base_url, timeout=timeout, max_retries=0
             )
         except (anthropic.AnthropicError, ValueError) as exc:
-            raise ConfigError(redact(f"{model}: {exc}")) from None
+            raise ConfigError(redact(f"{model}: {exc}", [key])) from None
         super().__init__(
             model,
             client,
-            redact=redact,
+            api_key=key,
             map_error=map_anthropic_error,
             timeout=timeout,
+            total_timeout=total_timeout,
             max_retries=max_retries,
             retry_policy=retry_policy,
         )

@@ -15,11 +15,16 @@ from pydantic import BaseModel, ValidationError
 
 from debatebus.exceptions import LLMResponseError, ScriptExhaustedError
 from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.llm.retry import Redactor
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["FunctionLLM", "ScriptedLLM", "word_usage"]
 
 Reply = str | Mapping[str, Any] | BaseException | LLMResponse | Callable[[LLMRequest], Any]
+
+#: Masks secrets (a URL's password, a key) in what a script or function raises, as every provider
+#: does: the message becomes a failed turn's error, in events, results and the store.
+_REDACTOR = Redactor()
 
 
 def word_usage(request: LLMRequest, text: str) -> TokenUsage:
@@ -107,11 +112,15 @@ class ScriptedLLM:
             )
         reply: Any = self._responses[self._next]
         self._next += 1
-        if callable(reply) and not isinstance(reply, BaseException | type):
-            reply = reply(request)
-            if inspect.isawaitable(reply):
-                reply = await reply
-        return _to_response(request, reply, self._model)
+        try:
+            if callable(reply) and not isinstance(reply, BaseException | type):
+                reply = reply(request)
+                if inspect.isawaitable(reply):
+                    reply = await reply
+            return _to_response(request, reply, self._model)
+        except Exception as exc:
+            _REDACTOR.scrub(exc)
+            raise
 
 
 class FunctionLLM:
@@ -136,7 +145,11 @@ class FunctionLLM:
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         self.requests.append(request)
-        reply = await self._fn(request) if self._is_async else self._fn(request)
-        if inspect.isawaitable(reply):
-            reply = await reply
-        return _to_response(request, reply, self._model)
+        try:
+            reply = await self._fn(request) if self._is_async else self._fn(request)
+            if inspect.isawaitable(reply):
+                reply = await reply
+            return _to_response(request, reply, self._model)
+        except Exception as exc:
+            _REDACTOR.scrub(exc)
+            raise

@@ -29,9 +29,16 @@ from pydantic import BaseModel
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
-from debatebus.llm.retry import ProviderFailure, Redactor, RetryPolicy, map_sdk_error
+from debatebus.llm.retry import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_TOTAL_TIMEOUT,
+    ProviderFailure,
+    RetryPolicy,
+    map_sdk_error,
+)
 from debatebus.llm.settings import is_paid_url
 from debatebus.llm.structured import Completion, with_json_instructions
+from debatebus.redaction import redact
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["OpenAICompatibleLLM", "map_openai_error", "strict_json_schema"]
@@ -199,8 +206,9 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
     keeps the first the server accepts. Either way the answer is validated and repaired once.
 
     The key comes from ``api_key`` or ``OPENAI_API_KEY``; a server that is not a paid provider gets
-    a placeholder when neither is set. ``retry_policy``, when given, replaces the policy built from
-    ``timeout`` and ``max_retries``.
+    a placeholder when neither is set. ``timeout`` bounds one attempt, ``total_timeout`` one call
+    over all its attempts and waits. ``retry_policy``, when given, replaces the policy built from
+    ``timeout``, ``total_timeout`` and ``max_retries``.
     """
 
     def __init__(
@@ -210,7 +218,8 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         base_url: str | None = None,
         api_key: str | None = None,
         temperature: float | None = None,
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT,
+        total_timeout: float | None = DEFAULT_TOTAL_TIMEOUT,
         max_retries: int = 3,
         max_tokens: int | None = None,
         structured: StructuredMode = "auto",
@@ -223,21 +232,21 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         key = api_key_or_placeholder(
             api_key, key_env="OPENAI_API_KEY", base_url=base_url, base_url_env="OPENAI_BASE_URL"
         )
-        redact = Redactor([key])
         try:
             client = openai.AsyncOpenAI(
                 api_key=key, base_url=base_url, timeout=timeout, max_retries=0
             )
         except openai.OpenAIError as exc:
             raise ConfigError(
-                redact(f"{model}: {exc} (pass api_key= or set OPENAI_API_KEY)")
+                redact(f"{model}: {exc} (pass api_key= or set OPENAI_API_KEY)", [key])
             ) from None
         super().__init__(
             model,
             client,
-            redact=redact,
+            api_key=key,
             map_error=map_openai_error,
             timeout=timeout,
+            total_timeout=total_timeout,
             max_retries=max_retries,
             retry_policy=retry_policy,
         )
@@ -246,7 +255,7 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         self._structured: StructuredMode = structured
         self._rung = 0  # position on _LADDER reached by "auto"
         self._classify_structured = partial(
-            _map_structured_error, model=model, base_url=self._base_url
+            _map_structured_error, model=model, base_url=self._shown_url
         )
 
     async def _send_structured(self, request: LLMRequest) -> Completion:

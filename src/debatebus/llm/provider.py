@@ -24,6 +24,7 @@ from debatebus.llm.retry import (
 )
 from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
 from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
+from debatebus.redaction import redact, url_secrets
 
 __all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "api_key_or_placeholder"]
 
@@ -64,7 +65,7 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
     """A model behind an SDK client. Subclasses build the client and implement ``_send``.
 
     The SDK's own retries must be off (``max_retries=0``) so that ``retry_policy`` — or the one
-    built from ``timeout`` and ``max_retries`` — governs every call.
+    built from ``timeout``, ``total_timeout`` and ``max_retries`` — governs every call.
     """
 
     def __init__(
@@ -72,9 +73,10 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
         model: str,
         client: ClientT,
         *,
-        redact: Redactor,
+        api_key: str | None,
         map_error: ErrorMap,
         timeout: float,
+        total_timeout: float | None,
         max_retries: int,
         retry_policy: RetryPolicy | None,
     ) -> None:
@@ -82,9 +84,14 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
         self._model = model
         # The SDK's, not the argument: it applies the SDK's default and its environment variable.
         self._base_url = str(client.base_url)
-        self._redact = redact
-        self._policy = retry_policy or RetryPolicy(max_retries=max_retries, timeout=timeout)
-        self._classify: Classifier = partial(map_error, model=model, base_url=self._base_url)
+        # The key and the URL's password and secret query values, wherever an SDK prints them.
+        self._redact = Redactor([api_key, *url_secrets(self._base_url)])
+        self._policy = retry_policy or RetryPolicy(
+            max_retries=max_retries, timeout=timeout, total_timeout=total_timeout
+        )
+        # Errors name the server by its redacted URL: they end up in events, results and stores.
+        self._shown_url = redact(self._base_url)
+        self._classify: Classifier = partial(map_error, model=model, base_url=self._shown_url)
 
     @property
     def model(self) -> str:
@@ -95,7 +102,7 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
         return self._base_url
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(model={self._model!r}, base_url={self._base_url!r})"
+        return f"{type(self).__name__}(model={self._model!r}, base_url={self._shown_url!r})"
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -15,6 +15,7 @@ from typing import Any
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
 from debatebus.llm.fakes import ScriptedLLM
+from debatebus.redaction import redact
 
 __all__ = ["ACCEPTED_FORMS", "DEFAULT_SPEC", "ENV_VAR", "resolve_llm"]
 
@@ -30,7 +31,8 @@ _AT_URL = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
 
 
 def _bad(spec: str, why: str) -> ConfigError:
-    return ConfigError(f"bad model string {spec!r}: {why}; accepted forms: {ACCEPTED_FORMS}")
+    shown = redact(spec)  # the spec may carry a base URL with a password or key
+    return ConfigError(f"bad model string {shown!r}: {why}; accepted forms: {ACCEPTED_FORMS}")
 
 
 def _local(spec: str, rest: str) -> LLM:

@@ -1,10 +1,11 @@
-"""Retries, per-call timeouts, error mapping and secret redaction shared by every provider.
+"""Retries, timeouts, error mapping and the redaction of errors shared by every provider.
 
 Each provider supplies one *classifier* (its counterpart of httpx's ``map_httpcore_exceptions``):
 a function turning one of its SDK's exceptions into a ``ProviderFailure`` — the ``LLMError`` to
 raise, whether the call may be retried, and the server's Retry-After. ``call_with_retries`` does the
-rest: a hard per-attempt timeout, exponential backoff with full jitter, Retry-After, redaction of
-every message in the exception chain, and the SDK exception kept as ``__cause__``.
+rest: a hard per-attempt timeout, a cap on the whole call over all its attempts, exponential backoff
+with full jitter, Retry-After, redaction (``debatebus.redaction``) of every message in the exception
+chain, and the SDK exception kept as ``__cause__``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import random
-import re
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,8 +22,11 @@ from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 from debatebus.exceptions import LLMError, LLMRateLimitError, LLMResponseError, LLMTimeoutError
+from debatebus.redaction import redact
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_TOTAL_TIMEOUT",
     "Classifier",
     "ProviderFailure",
     "Redactor",
@@ -31,30 +35,20 @@ __all__ = [
     "failure_for_status",
     "map_sdk_error",
     "parse_retry_after",
-    "redact",
 ]
 
 T = TypeVar("T")
 
-# sk-… covers OpenAI (sk-, sk-proj-) and Anthropic (sk-ant-) keys; bearer tokens cover the rest.
-_KEY_PATTERNS = (
-    re.compile(r"sk-[A-Za-z0-9_\-]{6,}"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=\-]{6,}"),
-)
-_MASK = "[REDACTED]"
-
-
-def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
-    """``text`` with API keys (``sk-…``, bearer tokens and every value in ``secrets``) masked."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, _MASK)
-    text = _KEY_PATTERNS[0].sub(_MASK, text)
-    return _KEY_PATTERNS[1].sub(lambda m: m.group(1) + _MASK, text)
+DEFAULT_TIMEOUT = 60.0
+"""Seconds one attempt may take."""
+DEFAULT_TOTAL_TIMEOUT = 120.0
+"""Seconds one call may take over all its attempts and the waits between them: a hanging provider
+costs two attempts, not ``max_retries + 1``."""
 
 
 class Redactor:
-    """Masks keys in text and, in place, in every exception of a chain (``__cause__``/``__context__``).
+    """Masks secrets (``debatebus.redaction``) in text and, in place, in every exception of a chain
+    (``__cause__``/``__context__``).
 
     The SDK exceptions stay as ``__cause__`` so callers can inspect status codes, but their messages
     may quote the key (OpenAI echoes part of a rejected key), so their ``args``, ``message`` and
@@ -132,22 +126,54 @@ async def _asyncio_sleep(seconds: float) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """How often and how long to retry. ``sleep`` and ``jitter`` are injectable for tests."""
+    """How often and how long to retry. ``sleep`` and ``jitter`` are injectable for tests.
+
+    ``total_timeout`` caps one call over all its attempts and the waits between them (None: no
+    cap). A server asking to wait longer than ``max_retry_after``, or than what remains of
+    ``total_timeout``, fails the call at once.
+    """
 
     max_retries: int = 3
-    timeout: float | None = 60.0  # per attempt, enforced by asyncio even if the SDK's is not
+    timeout: float | None = DEFAULT_TIMEOUT  # per attempt, enforced by asyncio
+    total_timeout: float | None = DEFAULT_TOTAL_TIMEOUT
     base_delay: float = 0.5
     max_delay: float = 20.0
-    max_retry_after: float = 60.0  # a longer Retry-After is ignored in favour of our own backoff
+    max_retry_after: float = 60.0  # a server asking for a longer wait fails the call at once
     sleep: Callable[[float], Awaitable[None]] = field(default=_asyncio_sleep, repr=False)
     jitter: Callable[[], float] = field(default=random.random, repr=False)
 
     def delay(self, retry_index: int, retry_after: float | None) -> float:
-        """Seconds before retry number ``retry_index`` (0-based)."""
-        if retry_after is not None and 0.0 <= retry_after <= self.max_retry_after:
+        """Seconds before retry number ``retry_index`` (0-based): the server's Retry-After, else
+        exponential backoff."""
+        if retry_after is not None:
             return retry_after
         # Full jitter (AWS architecture blog): spreads clients that failed together.
         return self.jitter() * min(self.max_delay, self.base_delay * 2.0**retry_index)
+
+
+class _Budget:
+    """What remains of a call's ``total_timeout``."""
+
+    __slots__ = ("_deadline", "total")
+
+    def __init__(self, total: float | None) -> None:
+        self.total = total
+        self._deadline = None if total is None else time.monotonic() + total
+
+    def remaining(self) -> float | None:
+        return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+
+    def attempt_timeout(self, per_attempt: float | None) -> tuple[float | None, bool]:
+        """The next attempt's timeout, and whether it is cut short by the total budget."""
+        left = self.remaining()
+        if left is None or (per_attempt is not None and per_attempt <= left):
+            return per_attempt, False
+        return left, True
+
+    def allows(self, wait: float) -> bool:
+        """Whether waiting ``wait`` seconds still leaves time for another attempt."""
+        left = self.remaining()
+        return left is None or wait < left
 
 
 @dataclass(slots=True)
@@ -186,19 +212,58 @@ def failure_for_status(
     return ProviderFailure(LLMError(f"{prefix} request rejected{hint}: {detail}"), cause)
 
 
-def _timeout_failure(model: str, policy: RetryPolicy, cause: BaseException) -> ProviderFailure:
-    limit = f"{policy.timeout:g}s" if policy.timeout is not None else "the SDK's timeout"
-    return ProviderFailure(LLMTimeoutError(f"{model}: no answer within {limit}"), cause, True)
+def _timeout_failure(model: str, policy: RetryPolicy, limit: float | None, cut_by_total: bool,
+                     cause: BaseException) -> ProviderFailure:
+    if cut_by_total:
+        message = (f"{model}: no answer within total_timeout={policy.total_timeout:g}s, the cap "
+                   "on one call over all its retries (a provider's total_timeout= raises it)")
+    else:
+        within = f"{limit:g}s" if limit is not None else "the SDK's timeout"
+        message = f"{model}: no answer within {within}"
+    return ProviderFailure(LLMTimeoutError(message), cause, retryable=not cut_by_total)
 
 
-def _final_error(failure: ProviderFailure, attempts: int, redactor: Redactor) -> LLMError:
+def _final_error(failure: ProviderFailure, attempts: int, redactor: Redactor,
+                 note: str = "") -> LLMError:
     error = failure.error
     message = str(error)
-    if attempts > 1:
-        message += f" (gave up after {attempts} attempts)"
+    if attempts > 1 or note:
+        message += f" (gave up after {attempts} attempt{'s' if attempts > 1 else ''}{note})"
     error.args = (redactor(message),)
     redactor.scrub(failure.cause)
     return error
+
+
+def _wait_refused(model: str, failure: ProviderFailure, cap: float, cap_name: str,
+                  redactor: Redactor) -> LLMRateLimitError:
+    """The error for a Retry-After longer than we are willing to wait."""
+    error = LLMRateLimitError(redactor(
+        f"{model}: provider asked to wait {failure.retry_after:g} s, more than the cap "
+        f"{cap:g} s ({cap_name}): {failure.error}"))
+    error.usage = failure.error.usage
+    redactor.scrub(failure.cause)
+    return error
+
+
+def _next_delay(model: str, policy: RetryPolicy, budget: _Budget, number: int,
+                failure: ProviderFailure, redactor: Redactor) -> float:
+    """Seconds to wait before attempt ``number + 1``; raises when the call must stop instead."""
+    if not failure.retryable or number > policy.max_retries:
+        raise _final_error(failure, number, redactor) from failure.cause
+    left = budget.remaining()
+    if failure.retry_after is not None:
+        if failure.retry_after > policy.max_retry_after:
+            raise _wait_refused(model, failure, policy.max_retry_after, "max_retry_after",
+                                redactor) from failure.cause
+        if left is not None and failure.retry_after >= left:
+            raise _wait_refused(model, failure, left,
+                                f"what remains of total_timeout={budget.total:g}s",
+                                redactor) from failure.cause
+    delay = policy.delay(number - 1, failure.retry_after)
+    if not budget.allows(delay):
+        note = f"; total_timeout={budget.total:g}s reached"
+        raise _final_error(failure, number, redactor, note) from failure.cause
+    return delay
 
 
 async def call_with_retries(
@@ -209,30 +274,31 @@ async def call_with_retries(
     classify: Classifier,
     redactor: Redactor,
 ) -> T:
-    """Await ``attempt()`` until it succeeds, retrying transient failures as ``policy`` allows.
+    """Await ``attempt()`` until it succeeds, retrying transient failures as ``policy`` allows,
+    within the policy's ``total_timeout``.
 
     ``LLMError``s raised by ``attempt`` itself (e.g. a malformed response) are final. Exceptions the
     classifier doesn't recognise are bugs and propagate unchanged.
     """
+    budget = _Budget(policy.total_timeout)
     number = 0
     while True:
         number += 1
+        limit, cut_by_total = budget.attempt_timeout(policy.timeout)
         try:
-            async with asyncio.timeout(policy.timeout):
+            async with asyncio.timeout(limit):
                 return await attempt()
         except LLMError as exc:
             redactor.scrub(exc)
             raise
         except TimeoutError as exc:
-            failure = classify(exc) or _timeout_failure(model, policy, exc)
+            failure = classify(exc) or _timeout_failure(model, policy, limit, cut_by_total, exc)
         except Exception as exc:
             classified = classify(exc)
             if classified is None:
                 raise
             failure = classified
-        if not failure.retryable or number > policy.max_retries:
-            raise _final_error(failure, number, redactor) from failure.cause
-        await policy.sleep(policy.delay(number - 1, failure.retry_after))
+        await policy.sleep(_next_delay(model, policy, budget, number, failure, redactor))
 
 
 def map_sdk_error(exc: BaseException, sdk: Any, base_error: type[BaseException],

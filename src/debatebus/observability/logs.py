@@ -12,7 +12,6 @@ import contextvars
 import datetime as dt
 import json
 import logging
-import re
 import sys
 from collections.abc import Mapping
 from typing import IO, Any, Final, Literal
@@ -20,6 +19,7 @@ from typing import IO, Any, Final, Literal
 from debatebus.exceptions import ConfigError
 from debatebus.observability._events import call_round
 from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.redaction import redact
 from debatebus.schemas import events as ev
 
 __all__ = [
@@ -32,24 +32,11 @@ __all__ = [
     "redact",
 ]
 
-REDACTED: Final = "[REDACTED]"
 _HANDLER_NAME: Final = "debatebus"
 _IDS: Final = ("requestId", "debateId", "eventType")
 _DEBATE_ID: Final = "log.debate_id"  # RequestContext.scratch key
 #: Free text (errors, topics) is cut to this many characters: enough to act on, not a transcript.
 _SNIPPET: Final = 300
-
-# Key shapes first, then "name = value" pairs, then URL passwords. Bare "sk-" needs 16 characters
-# so words like "sk-learn" survive.
-_SECRETS: Final = (
-    (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{8,}"), f"sk-ant-{REDACTED}"),
-    (re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}"), f"sk-{REDACTED}"),
-    (re.compile(r"\b(Bearer)\s+[A-Za-z0-9\-._~+/]+=*", re.IGNORECASE), rf"\1 {REDACTED}"),
-    (re.compile(r"""\b(api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|secret|password)"""
-                r"""(["']?\s*[:=]\s*["']?)(?!\[REDACTED\])[^\s"',;}]+""", re.IGNORECASE),
-     rf"\1\2{REDACTED}"),
-    (re.compile(r"\b([a-z][a-z0-9+.\-]*://[^:/@\s]*:)[^@/\s]+@", re.IGNORECASE), rf"\1{REDACTED}@"),
-)
 
 #: The request being handled in this task (and the tasks it starts), for ``ContextFilter``.
 _CURRENT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
@@ -57,22 +44,6 @@ _CURRENT: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar
 
 #: Attributes every LogRecord has: anything else on a record came from ``extra=``.
 _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", *_IDS}
-
-
-#: Every secret _SECRETS matches contains one of these (in lower case). Most log lines contain
-#: none, and a few substring tests cost a fraction of the five regex passes.
-_CLUES: Final = ("sk-", "bearer", "api_key", "api-key", "apikey", "access_token", "access-token",
-                 "accesstoken", "auth_token", "auth-token", "authtoken", "secret", "password", "://")
-
-
-def redact(text: str) -> str:
-    """``text`` with anything that looks like an API key, bearer token or password replaced."""
-    lowered = text.lower()
-    if not any(clue in lowered for clue in _CLUES):
-        return text
-    for pattern, replacement in _SECRETS:
-        text = pattern.sub(replacement, text)
-    return text
 
 
 def _snippet(text: str) -> str:

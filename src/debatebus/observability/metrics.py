@@ -1,5 +1,6 @@
 """Prometheus metrics of a worker: ``app.add_observer(PrometheusObserver())`` then
-``start_metrics_server(9108)`` (or ``debatebus worker … --metrics-port 9108``).
+``start_metrics_server(9108)`` (or ``debatebus worker … --metrics-port 9108``), which serves
+``http://127.0.0.1:9108/metrics`` unless given another host.
 
 Every metric is named ``{namespace}_…`` with base units (seconds) and ``_total`` on counters.
 Debate lifecycle metrics are labelled by ``event_type`` (the request topic, e.g.
@@ -8,8 +9,12 @@ Debate lifecycle metrics are labelled by ``event_type`` (the request topic, e.g.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 try:
     from prometheus_client import (
@@ -18,7 +23,7 @@ try:
         Counter,
         Gauge,
         Histogram,
-        start_http_server,
+        make_wsgi_app,
     )
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
@@ -29,7 +34,7 @@ from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas import events as ev
 
-__all__ = ["PrometheusObserver", "start_metrics_server"]
+__all__ = ["DEFAULT_METRICS_HOST", "MetricsServer", "PrometheusObserver", "start_metrics_server"]
 
 #: Debates take seconds (fakes, small models) to tens of minutes (long protocols on big models).
 DEBATE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
@@ -137,7 +142,50 @@ class PrometheusObserver(Observer):
             self.debate_duration.labels(ctx.event_type, outcome).observe(duration_s)
 
 
+#: The only path served; anything else is a 404.
+METRICS_PATH = "/metrics"
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+_StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+_WSGIApp = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
+
+
+def _only_metrics(app: _WSGIApp) -> _WSGIApp:
+    def serve(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != METRICS_PATH:
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [f"not found: metrics are at {METRICS_PATH}\n".encode()]
+        return app(environ, start_response)
+
+    return serve
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would flood stderr."""
+
+
+class MetricsServer(ThreadingMixIn, WSGIServer):
+    """The HTTP server behind ``start_metrics_server``; ``shutdown()`` then ``server_close()``
+    stop it. IPv4 or IPv6, whichever ``host`` resolves to."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str, port: int, app: _WSGIApp) -> None:
+        self.address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        super().__init__((host, port), _QuietHandler)
+        self.set_app(app)
+
+
 def start_metrics_server(port: int, registry: CollectorRegistry | None = None,
-                         addr: str = "0.0.0.0") -> Any:
-    """Serve ``/metrics`` from a daemon thread; returns prometheus-client's (server, thread)."""
-    return start_http_server(port, addr=addr, registry=REGISTRY if registry is None else registry)
+                         host: str = DEFAULT_METRICS_HOST,
+                         ) -> tuple[MetricsServer, threading.Thread]:
+    """Serve ``/metrics`` (and nothing else) on ``host:port`` from a daemon thread.
+
+    ``host`` defaults to loopback: metrics name models and event types, so exposing them is a
+    choice (``host="0.0.0.0"``, or ``--metrics-host`` on ``debatebus worker``)."""
+    server = MetricsServer(host, port, _only_metrics(
+        make_wsgi_app(REGISTRY if registry is None else registry)))
+    thread = threading.Thread(target=server.serve_forever, name="debatebus-metrics", daemon=True)
+    thread.start()
+    return server, thread

@@ -12,6 +12,7 @@ import msgspec
 from pydantic import BaseModel
 
 from debatebus.engine.result import DebateResult
+from debatebus.redaction import redact
 
 __all__ = [
     "DEBATE_FIELDS",
@@ -48,6 +49,7 @@ def to_builtins(value: Any) -> Any:
 
 
 def result_fields(result: DebateResult, *, replayed: bool = False) -> dict[str, Any]:
+    """The result fields of a debate that ran; its error is redacted like ``failure_fields``'."""
     usage = result.token_usage
     return {
         "debateId": result.debate_id,
@@ -64,13 +66,16 @@ def result_fields(result: DebateResult, *, replayed: bool = False) -> dict[str, 
         "debateVerdict": to_builtins(result.verdict),
         "debatePhiHat": result.phi_hat,
         "debateSatisfied": result.satisfied,
-        "debateError": result.error,
+        "debateError": redact(result.error) if result.error else result.error,
         "debateReplayed": replayed,
     }
 
 
 def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
-    """The result fields of a request that failed before any debate ran (bad input, drift…)."""
+    """The result fields of a request that failed before any debate ran (bad input, drift…).
+
+    ``error`` is redacted here as a safety net: providers already mask the secrets in their errors,
+    but this text is published, stored and shown to whoever reads the results."""
     return {
         "debateId": debate_id,
         "debateOutput": "",
@@ -78,6 +83,6 @@ def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
         "debateRounds": 0,
         "debateStatus": "failed",
         "debateTokenUsage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0},
-        "debateError": error,
+        "debateError": redact(error),
         "debateReplayed": False,
     }

@@ -6,6 +6,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from debatebus.exceptions import ConfigError
+from debatebus.redaction import redact
 from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 
@@ -22,10 +23,29 @@ __all__ = [
 SCHEMES = ("memory://", "redis://", "rediss://", "redis+pubsub://", "rediss+pubsub://", "kafka://")
 
 
+def _bad_url(url: str, why: object) -> ConfigError:
+    return ConfigError(f"bad broker URL {redact(url)!r}: {why}; e.g. redis://localhost:6379/0 or "
+                       "kafka://localhost:9092")
+
+
+def _scheme(url: str) -> str:
+    """The URL's scheme, once its host and port parse: ConfigError (never the password) if not."""
+    try:
+        parts = urlsplit(url)
+        if parts.scheme == "kafka":  # kafka://host:port,host:port: one port per host
+            for host in parts.netloc.rpartition("@")[2].split(","):
+                _ = urlsplit(f"//{host}").port
+        else:
+            _ = parts.port  # reading it validates it
+    except ValueError as exc:  # a port that is not a number from 0 to 65535, a broken [IPv6]
+        raise _bad_url(url, exc) from None
+    return parts.scheme
+
+
 def transport_from_url(url: str, **options: Any) -> Transport:
     """``redis://`` and ``rediss://`` → Redis Streams; ``redis+pubsub://`` → Synkro-compatible
     pub/sub; ``kafka://host:port[,host:port]`` → Kafka; ``memory://`` → in-process."""
-    scheme = urlsplit(url).scheme
+    scheme = _scheme(url)
     if scheme == "memory":
         return MemoryTransport(options.pop("broker", None))
     if scheme in ("redis", "rediss"):
@@ -41,4 +61,5 @@ def transport_from_url(url: str, **options: Any) -> Transport:
 
         hosts = url.split("://", 1)[1].split("/", 1)[0]
         return KafkaTransport([h for h in hosts.split(",") if h], **options)
-    raise ConfigError(f"unsupported broker URL {url!r}: use one of {', '.join(SCHEMES)}")
+    raise ConfigError(
+        f"unsupported broker URL {redact(url)!r}: use one of {', '.join(SCHEMES)}")
