@@ -2,7 +2,14 @@
 
 The worker decodes, calls, publishes, settles. Every delivery ends settled exactly one way: acked
 with its result (``event:{type}:completed`` / ``…:failed``), or dead-lettered with a reason when
-not even a request id can be read, or left unsettled for redelivery when the broker fails.
+not even a request id can be read. A settle the broker refuses is retried until it lands; only a
+lost lease, a shutdown that outlasts the drain timeout, or a broker error inside the handler
+releases a delivery unsettled, for redelivery.
+
+Broker outages do not stop the worker: consuming and settling reconnect with capped, jittered
+backoff (one WARNING when the outage starts, one INFO when it ends) while in-flight debates keep
+running. Only misconfiguration (``ConfigError``: a bad URL, wrong credentials) is fatal; a broker
+that cannot be reached at start-up is waited for like an outage.
 """
 
 from __future__ import annotations
@@ -11,45 +18,68 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
 import msgspec
 
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import request_message
 from debatebus.engine.run import OnEvent
-from debatebus.exceptions import ConfigError, InputError, LeaseLostError, TransportError
-from debatebus.observability.heartbeat import beat_forever
+from debatebus.exceptions import (
+    ConfigError,
+    InputError,
+    LeaseLostError,
+    MessageTooLargeError,
+    TransportError,
+)
+from debatebus.handlers.handler import attach_default_stores
+from debatebus.observability.heartbeat import beat_forever, send_last_beat
 from debatebus.observe import Observer, Outcome, RequestContext, fan_out
 from debatebus.schemas.envelope import (
-    ENVELOPE_DECODER,
     ENVELOPE_ENCODER,
     Envelope,
     completed_topic,
+    decode_request,
     failed_topic,
     lenient_request,
     now_iso,
 )
 from debatebus.schemas.events import DebateEvent
 from debatebus.schemas.results import failure_fields
-from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
+from debatebus.transports import Delivery, MemoryTransport, Outgoing, Transport, transport_from_url
 
-__all__ = ["DEFAULT_GROUP", "EVENTS_TOPIC", "DebateBus", "Handler"]
+__all__ = ["DEFAULT_GROUP", "EVENTS_TOPIC", "PAYLOAD_ECHO_LIMIT", "DebateBus", "Handler"]
 
 log = logging.getLogger("debatebus.worker")
 
 DEFAULT_GROUP = "debatebus"
 EVENTS_TOPIC = "debate:events"
 EVENT_ENCODER = msgspec.json.Encoder()
+#: Failure events echo the request's payload up to this many bytes of JSON; above it they keep
+#: only its small fields and say what was dropped (``debatePayloadTruncated``).
+PAYLOAD_ECHO_LIMIT: Final = 64 * 1024
 Handler = Callable[..., Awaitable[Mapping[str, Any]]]
 _Settled = tuple[Outcome, Mapping[str, Any] | None]
+
+#: Reconnect and settle retries wait uniformly in [0, min(cap, base × 2ⁿ)] (full jitter).
+_BACKOFF_BASE_S: Final = 0.1
+_BACKOFF_CAP_S: Final = 5.0
+#: A consumer that reconnected and ran this long without an error ends the outage (or a delivery).
+_HEALTHY_AFTER_S: Final = 1.0
+#: How long a stopping worker tries to tell ``debatebus check`` so before draining anyway.
+_LAST_BEAT_TIMEOUT_S: Final = 2.0
+#: In a truncated echo: fields kept when their JSON is this small, up to _KEPT_BYTES in all.
+_SMALL_FIELD: Final = 1024
+_KEPT_BYTES: Final = 16 * 1024
+_LISTED_DROPS: Final = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +96,82 @@ def _accepts_context(handler: Handler) -> bool:
     return isinstance(handler, DebateHandler)
 
 
-def _failure_payload(payload: Mapping[str, Any], request_id: str, error: str) -> dict[str, Any]:
-    debate_id = payload.get("debateId")
-    return {**payload, **failure_fields(debate_id if isinstance(debate_id, str) else request_id,
-                                        error)}
+class _Backoff:
+    """Capped exponential backoff with full jitter."""
+
+    def __init__(self) -> None:
+        self.attempt = 0
+
+    def next(self) -> float:
+        ceiling = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** min(self.attempt, 16))
+        self.attempt += 1
+        return random.uniform(0, ceiling)
+
+
+class _Link:
+    """The worker's view of its broker: up, or in an outage (logged once each way)."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.up = True
+        self.backoff = _Backoff()
+        #: Set when the link comes back, so the heartbeat says so at once.
+        self.wake = asyncio.Event()
+
+    def lost(self, exc: TransportError, *, starting: bool = False) -> None:
+        if self.up and starting:
+            log.warning("cannot connect at start-up (broker %s): %s; retrying with backoff (up to "
+                        "%g s) until it works or the worker is stopped", self.where, exc,
+                        _BACKOFF_CAP_S)
+        elif self.up:
+            log.warning("lost the connection to the broker at %s: %s; reconnecting with backoff "
+                        "(up to %g s), in-flight debates keep running", self.where, exc,
+                        _BACKOFF_CAP_S)
+        self.up = False
+
+    def back(self) -> None:
+        self.backoff.attempt = 0
+        if not self.up:
+            log.info("connected to the broker at %s again", self.where)
+            self.up = True
+            self.wake.set()
+
+
+def _where(broker: str | Transport) -> str:
+    """The broker for log lines: scheme and hosts, never the userinfo or query of its URL."""
+    if not isinstance(broker, str):
+        return type(broker).__name__
+    scheme, _, rest = broker.partition("://")
+    hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    return f"{scheme}://{hosts}"
+
+
+def _failure_payload(payload: Mapping[str, Any], request_id: str, error: str, *,
+                     echo_limit: int = PAYLOAD_ECHO_LIMIT) -> dict[str, Any]:
+    echo = _echo(payload, echo_limit)
+    debate_id = echo.get("debateId")  # not when it was too big to echo
+    return {**echo, **failure_fields(debate_id if isinstance(debate_id, str) else request_id, error)}
+
+
+def _echo(payload: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    """``payload`` when its JSON fits in ``limit`` bytes; else its small fields and
+    ``debatePayloadTruncated``: the payload's size, the limit, and the fields dropped."""
+    size = len(EVENT_ENCODER.encode(payload))
+    if size <= limit:
+        return dict(payload)
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    budget = min(_KEPT_BYTES, limit // 4)
+    for name, value in payload.items():
+        cost = len(name) + len(EVENT_ENCODER.encode(value))
+        if cost <= _SMALL_FIELD and cost <= budget:
+            kept[name] = value
+            budget -= cost
+        else:
+            dropped.append(name)
+    listed = [name[:64] for name in dropped[:_LISTED_DROPS]]
+    return {**kept, "debatePayloadTruncated": {
+        "bytes": size, "limit": limit, "dropped": listed, "droppedCount": len(dropped)}}
 
 
 class DebateBus:
@@ -100,6 +202,10 @@ class DebateBus:
         self.transport = (
             transport_from_url(broker, **(transport_options or {})) if isinstance(broker, str) else broker
         )
+        # What the default checkpoint store is chosen by; None: a transport we cannot see into.
+        self._store_url = (broker if isinstance(broker, str) else
+                           "memory://" if isinstance(broker, MemoryTransport) else None)
+        self._where = _where(broker)
         self.group = group
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency
@@ -113,9 +219,13 @@ class DebateBus:
         self.routes: dict[str, _Route] = {}
         self.observers = list(observers)
         self.observer = fan_out(self.observers)
+        self._stop_requested = False
         self._stopping: asyncio.Event | None = None  # made on the running loop
+        self._run_done: asyncio.Event | None = None
+        self._link = _Link(self._where)
         self._inflight: dict[asyncio.Task[None], Delivery] = {}
         self._connected = False
+        self._stores_attached = False
 
     # ---- definition ---------------------------------------------------------------------------
 
@@ -136,7 +246,10 @@ class DebateBus:
     # ---- lifecycle ----------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        await self.connect()
+        """Connect when the broker can be reached; when it cannot, ``run`` keeps trying (and
+        ``publish`` raises). Misconfiguration (``ConfigError``) raises here."""
+        with contextlib.suppress(TransportError):
+            await self.connect()
         return self
 
     async def __aexit__(
@@ -145,15 +258,24 @@ class DebateBus:
         await self.close()
 
     async def connect(self) -> None:
-        """Connect the transport and the handlers' checkpoint stores: an unreachable store fails
-        the worker at startup, not its first debate."""
-        if not self._connected:
-            await self.transport.connect()
-            for store in self._stores():
-                await store.connect()
-            self._connected = True
+        """Connect the transport and the handlers' checkpoint stores (durable handlers without
+        one get the broker's default store first): one attempt, raising what failed."""
+        if self._connected:
+            return
+        if not self._stores_attached:
+            self._stores_attached = True
+            attach_default_stores((route.handler for route in self.routes.values()), self._store_url)
+        await self.transport.connect()
+        for store in self._stores():
+            await store.connect()
+        self._connected = True
 
     async def close(self) -> None:
+        """Close the transport and the stores. A ``run`` still going is stopped and drained
+        first: nothing in flight loses its broker (Kafka commits drained offsets on close)."""
+        if self._run_done is not None and not self._run_done.is_set():
+            self.stop()
+            await self._run_done.wait()
         if self._connected:
             self._connected = False
             await self.transport.close()
@@ -166,36 +288,71 @@ class DebateBus:
 
     def stop(self) -> None:
         """Stop taking new work; in-flight debates drain (``run`` returns when they're done)."""
+        self._stop_requested = True
         if self._stopping is not None:
             self._stopping.set()
 
     async def run(self) -> None:
-        """Serve every subscribed event type until ``stop()``, SIGTERM or SIGINT, then drain."""
+        """Serve every subscribed event type until ``stop()``, SIGTERM or SIGINT, then drain:
+        stop consuming, finish in-flight debates and their settles, and return. The transport is
+        closed after that, by ``close()`` (``async with app`` does it)."""
         if not self.routes:
             raise ConfigError("no handlers: call app.subscribe('debate:request', debate.as_handler())")
-        self._stopping = asyncio.Event()
-        await self.connect()
-        await self.transport.ensure_topics(list(self.routes))
-        with self._signals():
-            consumer = asyncio.create_task(self._consume())
-            stopper = asyncio.create_task(self._stopping.wait())
-            background = [asyncio.create_task(self._touch_forever())]
-            if self.heartbeat_interval_s:
-                background.append(asyncio.create_task(beat_forever(
-                    self.transport, self.group, self.consumer, self.heartbeat_interval_s,
-                    lambda: len(self._inflight))))
+        self._stopping, self._run_done = asyncio.Event(), asyncio.Event()
+        self._link = _Link(self._where)
+        if self._stop_requested:
+            self._stopping.set()
+        try:
+            with self._signals():
+                if await self._connect_retrying():
+                    await self._serve()
+        finally:
+            self._stop_requested = False
+            self._run_done.set()
+
+    async def _serve(self) -> None:
+        assert self._stopping is not None
+        consumer = asyncio.create_task(self._consume())
+        stopper = asyncio.create_task(self._stopping.wait())
+        touching = asyncio.create_task(self._touch_forever())
+        beating = self._start_heartbeat()
+        try:
+            await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            consumer.cancel()
+            await asyncio.gather(consumer, return_exceptions=True)
+            failure = None if consumer.cancelled() else consumer.exception()
+            await self._announce_stop(beating)
+            await self._drain()  # even when consuming broke: finish what is in flight
+            if failure is not None:
+                raise failure
+        finally:
+            touching.cancel()
+            if beating is not None:
+                beating.cancel()
+
+    async def _connect_retrying(self) -> bool:
+        """Connect, waiting out an unreachable broker or store like an outage; False when stopped
+        first. A ``ConfigError`` (bad URL, wrong credentials) is raised at once."""
+        while not self._stopped():
             try:
-                await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                stopper.cancel()
-                consumer.cancel()
-                await asyncio.gather(consumer, return_exceptions=True)
-                failure = None if consumer.cancelled() else consumer.exception()
-                await self._drain()  # even when consuming broke: finish what is in flight
-                if failure is not None:
-                    raise failure
-            finally:
-                for task in background:
-                    task.cancel()
+                await self.connect()
+            except TransportError as exc:
+                self._link.lost(exc, starting=True)
+                await self._pause(self._link.backoff.next())
+            else:
+                self._link.back()
+                return True
+        return False
+
+    def _stopped(self) -> bool:
+        return self._stopping is not None and self._stopping.is_set()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake up when the worker is told to stop."""
+        assert self._stopping is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     @contextlib.contextmanager
     def _signals(self) -> Any:
@@ -216,43 +373,108 @@ class DebateBus:
         self.stop()
 
     async def _drain(self) -> None:
-        """Let in-flight debates finish; what can't finish in time stays unsettled, so the broker
-        hands it to another worker (which resumes from its last checkpoint, when there is one)."""
+        """Let in-flight debates and the retries of their settles finish; what can't finish in
+        time is released, so the broker hands it to another worker (which resumes from its last
+        checkpoint, when there is one)."""
         if not self._inflight:
             return
         _, pending = await asyncio.wait(list(self._inflight), timeout=self.drain_timeout)
         for task in pending:
             task.cancel()
         if pending:
-            log.warning("drain timeout: handed back %d unfinished debates", len(pending))
+            log.warning("drain timeout: released %d unfinished deliveries", len(pending))
             await asyncio.wait(pending, timeout=5)
+
+    # ---- heartbeat ----------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> asyncio.Task[None] | None:
+        if not self.heartbeat_interval_s:
+            return None
+        link = self._link
+        return asyncio.create_task(beat_forever(
+            self.transport, self.group, self.consumer, self.heartbeat_interval_s,
+            lambda: len(self._inflight), connected=lambda: link.up, wake=link.wake))
+
+    async def _announce_stop(self, beating: asyncio.Task[None] | None) -> None:
+        """Stop beating and say so, so ``debatebus check`` fails within seconds of a SIGTERM."""
+        if beating is None or not self.heartbeat_interval_s:
+            return
+        beating.cancel()
+        await asyncio.gather(beating, return_exceptions=True)
+        try:
+            async with asyncio.timeout(_LAST_BEAT_TIMEOUT_S):
+                await send_last_beat(self.transport, self.group, self.consumer,
+                                     self.heartbeat_interval_s)
+        except (TransportError, TimeoutError) as exc:
+            log.info("could not announce the stop to health checks (the heartbeat goes stale "
+                     "instead): %s", exc or "timed out")
 
     # ---- consuming ----------------------------------------------------------------------------
 
     async def _consume(self) -> None:
+        """Consume until the transport closes; a broker error reconnects after a backoff. A
+        ``ConfigError`` ends it (and ``run``)."""
         slots = asyncio.Semaphore(self.concurrency)
-        stream = self.transport.consume(
-            list(self.routes), group=self.group, consumer=self.consumer, prefetch=self.concurrency
-        )
-        async for delivery in stream:
-            await slots.acquire()
-            task = asyncio.create_task(self._process(delivery))
-            self._inflight[task] = delivery
-            task.add_done_callback(self._done)
-            task.add_done_callback(lambda _: slots.release())
+        topics = list(self.routes)
+        ensured = False
+        while True:
+            try:
+                if not ensured:
+                    await self.transport.ensure_topics(topics)
+                    ensured = True
+                await self._take(topics, slots)
+                return
+            except TransportError as exc:
+                self._link.lost(exc)
+            await asyncio.sleep(self._link.backoff.next())
+
+    async def _take(self, topics: list[str], slots: asyncio.Semaphore) -> None:
+        """Hand each delivery of one ``consume`` stream to a task, up to ``concurrency`` at once."""
+        stream = self.transport.consume(topics, group=self.group, consumer=self.consumer,
+                                        prefetch=self.concurrency)
+        # Without an error for a while (Kafka may deliver nothing for long), the broker is back.
+        healthy = (None if self._link.up else
+                   asyncio.get_running_loop().call_later(_HEALTHY_AFTER_S, self._link.back))
+        try:
+            async for delivery in stream:
+                self._link.back()
+                await slots.acquire()
+                task = asyncio.create_task(self._process(delivery))
+                self._inflight[task] = delivery
+                task.add_done_callback(self._done)
+                task.add_done_callback(lambda _: slots.release())
+        finally:
+            if healthy is not None:
+                healthy.cancel()
+            await _close_stream(stream)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._inflight.pop(task, None)
 
+    def _release(self, delivery: Delivery) -> None:
+        """Stop holding ``delivery`` (no longer kept alive here) so the broker hands it out again."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.pop(task, None)
+        self.transport.release(delivery)
+
     async def _touch_forever(self) -> None:
         """Keep long debates' deliveries alive at the broker while this worker is."""
+        failing = False
         while True:
             await asyncio.sleep(self.touch_interval_s)
-            if self._inflight:
-                try:
-                    await self.transport.touch(list(self._inflight.values()))
-                except TransportError as exc:
-                    log.warning("could not touch in-flight deliveries: %s", exc)
+            held = list(self._inflight.values())
+            if not held:
+                continue
+            try:
+                await self.transport.touch(held)
+            except TransportError as exc:
+                if not failing:
+                    log.warning("could not keep %d in-flight deliveries alive (retrying every "
+                                "%g s): %s", len(held), self.touch_interval_s, exc)
+                failing = True
+            else:
+                failing = False
 
     async def _process(self, delivery: Delivery) -> None:
         observer = self.observer
@@ -265,51 +487,63 @@ class DebateBus:
         try:
             outcome, result = await self._settle(delivery, ctx)
         except LeaseLostError as exc:
-            log.warning("%s (%s %s left for redelivery)", exc, delivery.topic, delivery.id)
-        except TransportError as exc:
-            log.error("broker error while settling %s %s: %s (left for redelivery)",
+            log.warning("%s (%s %s released for redelivery)", exc, delivery.topic, delivery.id)
+            self._release(delivery)
+        except TransportError as exc:  # raised in the handler: settles retry until they land
+            log.error("broker error while handling %s %s: %s (released for redelivery)",
                       delivery.topic, delivery.id, exc)
+            self._release(delivery)
+        except asyncio.CancelledError:  # the drain timed out
+            self._release(delivery)
+            raise
         except Exception:
-            log.exception("handler error on %s %s (left for redelivery)", delivery.topic, delivery.id)
-            with contextlib.suppress(TransportError):
-                await self.transport.reject(delivery, "handler raised", requeue=True)
+            log.exception("handler error on %s %s (requeued)", delivery.topic, delivery.id)
+            await self._requeue(delivery)
         finally:
             if observer is not None and ctx is not None:
                 observer.request_finished(ctx, outcome, result, time.perf_counter() - started)
 
+    async def _requeue(self, delivery: Delivery) -> None:
+        try:
+            await self.transport.reject(delivery, "handler raised", requeue=True)
+        except TransportError as exc:
+            log.warning("could not requeue %s %s (%s): released for redelivery",
+                        delivery.topic, delivery.id, exc)
+            self._release(delivery)
+
     async def _settle(self, delivery: Delivery, ctx: RequestContext | None) -> _Settled:
         route = self.routes.get(delivery.topic)
         if route is None:
-            await self.transport.reject(delivery, f"no handler subscribed for {delivery.topic!r}")
-            return "dead_lettered", None
+            return await self._dead_letter(delivery, f"no handler subscribed for {delivery.topic!r}")
         if len(delivery.body) > self.max_message_bytes:
             return await self._reject_or_fail(delivery, (
                 f"message is {len(delivery.body)} bytes, over the limit of {self.max_message_bytes}: "
                 "send a smaller message or raise max_message_bytes"))
         if delivery.deliveries > self.max_deliveries:
-            await self.transport.reject(delivery, (
+            return await self._dead_letter(delivery, (
                 f"delivered {delivery.deliveries} times without completing (max_deliveries="
                 f"{self.max_deliveries}): inspect the handler's logs for this request"))
-            return "dead_lettered", None
         try:
-            request = ENVELOPE_DECODER.decode(delivery.body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return await self._reject_or_fail(delivery, _decode_reason(exc))
+            request = decode_request(delivery.body)
+        except InputError as exc:
+            return await self._reject_or_fail(delivery, str(exc))
         if ctx is not None:
             ctx.request_id, ctx.headers = request.request_id, request.headers
             ctx.debate_name = getattr(route.handler, "name", None)
         return await self._handle(route, delivery, request, ctx)
 
+    async def _dead_letter(self, delivery: Delivery, reason: str) -> _Settled:
+        await self._retrying(delivery, "dead letter", lambda: self.transport.reject(delivery, reason))
+        return "dead_lettered", None
+
     async def _reject_or_fail(self, delivery: Delivery, reason: str) -> _Settled:
         """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
         request_id, payload = lenient_request(delivery.body)
         if request_id is None:
-            await self.transport.reject(delivery, reason)
-            return "dead_lettered", None
+            return await self._dead_letter(delivery, reason)
         request = Envelope(request_id=request_id, payload=payload, type=delivery.topic)
-        result = _failure_payload(payload, request_id, reason)
-        await self._ack(delivery, request, result, "failed", None)
-        return "bad_input", result
+        return await self._answer(delivery, request, _failure_payload(payload, request_id, reason),
+                                  "bad_input", None)
 
     async def _handle(self, route: _Route, delivery: Delivery, request: Envelope,
                       ctx: RequestContext | None) -> _Settled:
@@ -326,13 +560,37 @@ class DebateBus:
         else:
             failed = result.get("debateStatus") == "failed"
             outcome = "failed" if failed else "replayed" if result.get("debateReplayed") else "completed"
-        status = "failed" if result.get("debateStatus") == "failed" else "completed"
-        await self._ack(delivery, request, result, status, ctx)
+        return await self._answer(delivery, request, result, outcome, ctx)
+
+    async def _answer(self, delivery: Delivery, request: Envelope, result: Mapping[str, Any],
+                      outcome: Outcome, ctx: RequestContext | None) -> _Settled:
+        """Ack with ``result``; one the broker refuses as too large becomes a failure event."""
+        try:
+            await self._ack(delivery, request, result, ctx)
+        except MessageTooLargeError as exc:
+            return await self._too_large(delivery, request, exc, ctx)
         return outcome, result
 
+    async def _too_large(self, delivery: Delivery, request: Envelope, exc: MessageTooLargeError,
+                         ctx: RequestContext | None) -> _Settled:
+        reason = (f"result is {exc.size} bytes, over the broker's limit of {exc.limit}: ask for "
+                  "less (fewer rounds, shorter answers, a smaller payload) or raise the broker's "
+                  "message size limit")
+        log.warning("%s %s: %s; publishing a failure event instead", delivery.topic,
+                    delivery.id, reason)
+        failure = _failure_payload(request.payload, request.request_id, reason,
+                                   echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
+        try:
+            await self._ack(delivery, request, failure, ctx)
+        except MessageTooLargeError as again:
+            return await self._dead_letter(delivery, (
+                f"{reason}; its failure event ({again.size} bytes) was refused too"))
+        return "failed", failure
+
     async def _ack(self, delivery: Delivery, request: Envelope, result: Mapping[str, Any],
-                   status: str, ctx: RequestContext | None) -> None:
-        topic = completed_topic(delivery.topic) if status == "completed" else failed_topic(delivery.topic)
+                   ctx: RequestContext | None) -> None:
+        failed = result.get("debateStatus") == "failed"
+        topic = failed_topic(delivery.topic) if failed else completed_topic(delivery.topic)
         headers = request.headers
         if ctx is not None and self.observer is not None:
             extra = self.observer.outgoing_headers(ctx)
@@ -346,7 +604,38 @@ class DebateBus:
             timestamp=now_iso(),
             headers=headers,
         ))
-        await self.transport.ack(delivery, [Outgoing(topic, body, key=request.request_id)])
+        out = [Outgoing(topic, body, key=request.request_id)]
+        await self._retrying(delivery, "result", lambda: self.transport.ack(delivery, out))
+
+    async def _retrying(self, delivery: Delivery, what: str,
+                        settle: Callable[[], Awaitable[None]]) -> None:
+        """``settle`` until the broker takes it (every transport makes a repeated settle a
+        no-op), with backoff; the delivery stays in flight and kept alive meanwhile. Only the
+        drain timeout ends the retries (cancelled: ``_process`` releases the delivery).
+        ``MessageTooLargeError`` is raised: retrying cannot help it."""
+        backoff, failures = _Backoff(), 0
+        try:
+            while True:
+                try:
+                    await settle()
+                except MessageTooLargeError:
+                    raise
+                except TransportError as exc:
+                    failures += 1
+                    if failures == 1:
+                        log.warning("could not settle %s %s with its %s (%s): retrying until the "
+                                    "broker takes it", delivery.topic, delivery.id, what, exc)
+                    await asyncio.sleep(backoff.next())
+                else:
+                    if failures:
+                        log.info("settled %s %s with its %s after %d failed attempts",
+                                 delivery.topic, delivery.id, what, failures)
+                    return
+        except asyncio.CancelledError:
+            if failures:
+                log.warning("gave up settling %s %s with its %s after %d failed attempts: released",
+                            delivery.topic, delivery.id, what, failures)
+            raise
 
     def _on_event(self, request: Envelope, ctx: RequestContext | None) -> OnEvent | None:
         """The debate's event callback: observers see events, ``debate:events`` carries them."""
@@ -355,13 +644,20 @@ class DebateBus:
             if observer is None or ctx is None:
                 return None
             return lambda event: observer.debate_event(ctx, event)
+        failing = False
 
         async def publish(event: DebateEvent) -> None:
+            nonlocal failing
             if observer is not None and ctx is not None:
                 observer.debate_event(ctx, event)
-            await self.transport.publish(
-                Outgoing(self.events_topic, EVENT_ENCODER.encode(event), key=request.request_id)
-            )
+            try:
+                await self.transport.publish(
+                    Outgoing(self.events_topic, EVENT_ENCODER.encode(event), key=request.request_id))
+            except TransportError as exc:  # events are for watching: the debate goes on
+                if not failing:
+                    log.warning("could not publish events of %s on %s (the debate goes on): %s",
+                                request.request_id, self.events_topic, exc)
+                failing = True
 
         return publish
 
@@ -378,9 +674,9 @@ class DebateBus:
         return str(message.key)
 
 
-def _decode_reason(exc: Exception) -> str:
-    text = str(exc)
-    if isinstance(exc, msgspec.ValidationError):
-        return (f"envelope does not match the schema ({text}): send "
-                '{"requestId": "<id>", "payload": {"input": "<topic>"}}')
-    return f"body is not valid JSON ({text}): send a UTF-8 JSON envelope"
+async def _close_stream(stream: AsyncIterator[Delivery]) -> None:
+    """End a consume stream now (an async generator's cleanup runs here, not at GC)."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        with contextlib.suppress(TransportError):
+            await aclose()

@@ -16,7 +16,6 @@ from tests.support.servers import free_port
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore, RedisCheckpointStore
 from debatebus.client import BusClient
-from debatebus.exceptions import TransportError
 from debatebus.schemas.events import EVENT_DECODER
 from debatebus.transports import Outgoing, dlq_topic, transport_from_url
 from debatebus.worker import DebateBus
@@ -44,16 +43,17 @@ def app_for(url: str, event_type: str, **options: Any) -> DebateBus:
 
 
 async def test_round_trip_on_every_transport(bus_url: str, event_type: str) -> None:
+    rid = f"r-{uuid.uuid4().hex[:8]}"  # the default store outlives the test on Redis
     async with running(app_for(bus_url, event_type)), \
             BusClient(bus_url, **transport_options(bus_url)) as client:
         await warm_up(client, event_type)
         result = await client.request(
             event_type, {"input": "Should we adopt microservices?", "team": "core"},
-            request_id="r-1", headers={"traceparent": "00-abc-def-01"}, timeout=TIMEOUT)
+            request_id=rid, headers={"traceparent": "00-abc-def-01"}, timeout=TIMEOUT)
     p = result.payload
-    assert result.request_id == "r-1"
-    assert result.causation_id == "r-1"
-    assert result.correlation_id == "r-1"
+    assert result.request_id == rid
+    assert result.causation_id == rid
+    assert result.correlation_id == rid
     assert result.type == f"event:{event_type}:completed"
     assert result.headers.get("traceparent") == "00-abc-def-01"
     assert p["team"] == "core" and p["input"] == "Should we adopt microservices?"
@@ -65,7 +65,7 @@ async def test_round_trip_on_every_transport(bus_url: str, event_type: str) -> N
     usage = p["debateTokenUsage"]
     assert usage["totalTokens"] == usage["promptTokens"] + usage["completionTokens"] > 0
     assert [r["number"] for r in p["debateTranscript"]] == [1, 2]
-    assert p["debateId"] == "r-1"
+    assert p["debateId"] == rid
     assert p["debateReplayed"] is False
 
 
@@ -216,12 +216,24 @@ async def test_stop_drains_in_flight_debates(event_type: str) -> None:
     assert json.loads(got.body)["requestId"] == "drain-1"
 
 
-async def test_worker_connects_its_handlers_store_at_startup_and_closes_it() -> None:
-    unreachable = RedisCheckpointStore(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5)
+async def test_worker_connects_its_handlers_store_at_startup_and_closes_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    unreachable = RedisCheckpointStore(f"redis://:s3cret@127.0.0.1:{free_port()}/0",
+                                       connect_timeout=0.2)
     app = memory_app()
     app.subscribe("debate:request", make_debate().as_handler(store=unreachable))
-    with pytest.raises(TransportError, match="redis-server running"):
-        await app.run()  # before taking any request, not in its first debate
+    # Before taking any request, not in its first debate; an outage at start-up is waited out.
+    worker = asyncio.create_task(app.run())
+    async with asyncio.timeout(TIMEOUT):
+        while not any("cannot connect at start-up" in r.getMessage() for r in caplog.records):
+            assert not worker.done()
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)  # several attempts
+    app.stop()
+    await asyncio.wait_for(worker, TIMEOUT)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "redis-server running" in warnings[0] and "s3cret" not in warnings[0]
 
     class Tracked(MemoryCheckpointStore):
         opened = closed = 0

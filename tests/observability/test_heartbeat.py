@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
@@ -15,14 +17,16 @@ from tests.observability.observed import debatebus_check
 from tests.support.servers import free_port
 
 from debatebus.cli.observe_cmds import check, judge
+from debatebus.exceptions import TransportError
 from debatebus.observability.heartbeat import (
     HEARTBEAT_TOPIC,
     STREAM_MAXLEN,
     beat_forever,
     heartbeat_key,
     latest_heartbeat,
+    send_last_beat,
 )
-from debatebus.transports import MemoryTransport
+from debatebus.transports import Delivery, MemoryTransport, Outgoing, Transport
 from debatebus.worker import DebateBus
 
 WAIT = 60.0
@@ -168,3 +172,119 @@ def test_judge() -> None:
     assert judge(beat, "g", "redis://r", 60.0, now=1059.0)[0] == 0
     assert judge(beat, "g", "redis://r", None, now=900.0)[0] == 0  # worker's clock ahead
     assert judge(None, "g", "redis://r", None, now=0.0)[0] == 1
+
+
+class Beats(Transport):
+    """A transport the heartbeat publishes to as it would to Kafka: records every beat, and can
+    refuse the next ``failing`` ones."""
+
+    def __init__(self) -> None:
+        self.beats: list[dict[str, Any]] = []
+        self.failing = 0
+
+    async def publish(self, message: Outgoing) -> str:
+        if self.failing:
+            self.failing -= 1
+            raise TransportError("broker down")
+        self.beats.append(json.loads(message.body))
+        return ""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+    def consume(self, topics: Sequence[str], *, group: str, consumer: str,
+                prefetch: int = 16) -> AsyncIterator[Delivery]:
+        raise NotImplementedError
+
+    async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
+        raise NotImplementedError
+
+    async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
+        raise NotImplementedError
+
+    async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
+        raise NotImplementedError
+
+
+@pytest.fixture
+def kafka_like() -> Beats:
+    return Beats()
+
+
+async def beats(transport: Beats, count: int) -> None:
+    async with asyncio.timeout(WAIT):
+        while True:
+            if len(transport.beats) >= count:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_beats_say_whether_connected_and_a_wake_beats_at_once(kafka_like: Beats) -> None:
+    up, wake = [False], asyncio.Event()
+    task = asyncio.create_task(beat_forever(kafka_like, "g", "c", 3600, lambda: 2,
+                                            connected=lambda: up[0], wake=wake))
+    try:
+        await beats(kafka_like, 1)
+        up[0] = True
+        wake.set()  # a reconnected worker does not wait an interval to say so
+        await beats(kafka_like, 2)
+    finally:
+        task.cancel()
+    assert [b["connected"] for b in kafka_like.beats] == [False, True]
+    assert kafka_like.beats[0]["inFlight"] == 2
+
+
+async def test_heartbeat_outage_is_logged_once(kafka_like: Beats,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="debatebus")
+    kafka_like.failing = 5
+    task = asyncio.create_task(beat_forever(kafka_like, "g", "c", 0.01, lambda: 0))
+    try:
+        await beats(kafka_like, 1)
+    finally:
+        task.cancel()
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "debatebus.heartbeat"]
+    assert [level for level, _ in logged] == ["WARNING", "INFO"]
+    assert "broker down" in logged[0][1]
+
+
+async def test_last_beat_says_stopping(kafka_like: Beats) -> None:
+    await send_last_beat(kafka_like, "g", "c", 5.0)
+    (beat,) = kafka_like.beats
+    assert beat["stopping"] is True and beat["consumer"] == "c"
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("scheme", ["redis://", "redis+pubsub://"])
+async def test_check_fails_as_soon_as_the_worker_stops(redis_server: Any, scheme: str) -> None:
+    url, group = redis_server.url.replace("redis://", scheme), f"g-{uuid.uuid4().hex[:8]}"
+    async with running(worker(url, group, interval_s=30)) as app:
+        beat = await first_heartbeat(url, group)
+        assert beat["connected"] is True
+        assert (await check(url, group))[0] == 0
+        app.stop()
+        async with asyncio.timeout(WAIT):  # the last beat is written before the drain
+            while True:
+                code, line = await check(url, group)
+                if code == 1:
+                    break
+                await asyncio.sleep(0.05)
+    assert code == 1
+    assert line.startswith(f"unhealthy: no heartbeat from group '{group}'")
+
+
+@pytest.mark.redis
+async def test_a_stopped_consumer_does_not_hide_a_live_one(redis_server: Any) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    client = Redis.from_url(redis_server.url)
+    try:
+        for beat in ({"group": group, "consumer": "a", "timestamp": 1.0},
+                     {"group": group, "consumer": "b", "timestamp": 2.0},
+                     {"group": group, "consumer": "b", "timestamp": 3.0, "stopping": True}):
+            await client.xadd(HEARTBEAT_TOPIC, {"envelope": json.dumps(beat)})
+        assert (await latest_heartbeat(redis_server.url, group) or {}).get("consumer") == "a"
+        stop_a = {"group": group, "consumer": "a", "timestamp": 4.0, "stopping": True}
+        await client.xadd(HEARTBEAT_TOPIC, {"envelope": json.dumps(stop_a)})
+        assert await latest_heartbeat(redis_server.url, group) is None
+    finally:
+        await client.aclose()

@@ -1,8 +1,8 @@
 """Worker heartbeats, read by ``debatebus check`` (container healthchecks).
 
 Every ``interval_s`` a worker announces itself with a small JSON object — app, group, consumer,
-host, pid, ``inFlight``, ``intervalS`` and ``timestamp`` (seconds since the epoch) — where
-``latest_heartbeat`` finds it:
+host, pid, ``inFlight``, ``intervalS``, ``connected`` (false while its consumer cannot reach the
+broker) and ``timestamp`` (seconds since the epoch) — where ``latest_heartbeat`` finds it:
 
 * Redis Streams: an entry of the stream ``debatebus:heartbeat`` in the usual wire format (field
   ``envelope``, so ``debatebus tail debatebus:heartbeat`` shows them), trimmed to about
@@ -14,11 +14,17 @@ host, pid, ``inFlight``, ``intervalS`` and ``timestamp`` (seconds since the epoc
 
 ``latest_heartbeat`` on a Redis URL reads both the stream and the key, so ``check`` works whichever
 of the two Redis transports the workers use.
+
+A beat that cannot be written is not written: during an outage the newest beat goes stale. A worker
+that stops cleanly says so at once (``send_last_beat``): it deletes its pub/sub key, or writes a
+last beat with ``stopping: true``; ``latest_heartbeat`` skips every consumer whose newest beat is
+such a last one, so ``check`` sees the group's remaining workers, or none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -35,7 +41,14 @@ from debatebus.transports.memory import MemoryTransport
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["HEARTBEAT_TOPIC", "STREAM_MAXLEN", "beat_forever", "heartbeat_key", "latest_heartbeat"]
+__all__ = [
+    "HEARTBEAT_TOPIC",
+    "STREAM_MAXLEN",
+    "beat_forever",
+    "heartbeat_key",
+    "latest_heartbeat",
+    "send_last_beat",
+]
 
 log = logging.getLogger("debatebus.heartbeat")
 
@@ -55,12 +68,16 @@ def heartbeat_key(group: str) -> str:
     return f"{HEARTBEAT_TOPIC}:{group}"
 
 
-def _beat(app: str, group: str, consumer: str, interval_s: float, inflight: int) -> bytes:
-    return json.dumps({
+def _beat(app: str, group: str, consumer: str, interval_s: float, inflight: int, *,
+          connected: bool = True, stopping: bool = False) -> bytes:
+    beat = {
         "app": app, "group": group, "consumer": consumer, "host": socket.gethostname(),
         "pid": os.getpid(), "inFlight": inflight, "intervalS": interval_s,
-        "timestamp": time.time(),
-    }).encode()
+        "connected": connected, "timestamp": time.time(),
+    }
+    if stopping:
+        beat["stopping"] = True
+    return json.dumps(beat).encode()
 
 
 def _decode(raw: bytes | str | None) -> Beat | None:
@@ -81,22 +98,45 @@ def _newest(beats: list[Beat | None]) -> Beat | None:
     return max(found, key=lambda b: float(b["timestamp"])) if found else None
 
 
+class _Live:
+    """Reads one group's beats newest first and keeps the first from a consumer that is still
+    running: a consumer's newest beat decides, and a last beat (``stopping``) rules it out."""
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.seen: set[str] = set()
+
+    def pick(self, beat: Beat | None) -> Beat | None:
+        if beat is None or beat.get("group") != self.group:
+            return None
+        consumer = str(beat.get("consumer"))
+        if consumer in self.seen:
+            return None
+        self.seen.add(consumer)
+        return None if beat.get("stopping") else beat
+
+
 # ---- publishing -------------------------------------------------------------------------------
 
 
 async def beat_forever(transport: Transport, group: str, consumer: str, interval_s: float,
-                       inflight: Callable[[], int], *, app: str = "debatebus") -> None:
-    """Publish a heartbeat now and every ``interval_s`` until cancelled. A broker outage is
+                       inflight: Callable[[], int], *, app: str = "debatebus",
+                       connected: Callable[[], bool] = lambda: True,
+                       wake: asyncio.Event | None = None) -> None:
+    """Publish a heartbeat now and every ``interval_s`` until cancelled, and at once whenever
+    ``wake`` is set (a worker that reconnected says so without waiting). A broker outage is
     logged once and retried: a missing heartbeat is how ``check`` learns of it."""
     if interval_s <= 0:
         raise ConfigError(f"heartbeat interval must be > 0 s, got {interval_s}")
     send = _sender(transport, group, interval_s)
     if send is None:
         return
+    wake = wake or asyncio.Event()
     failing = False
     while True:
+        wake.clear()
         try:
-            await send(_beat(app, group, consumer, interval_s, inflight()))
+            await send(_beat(app, group, consumer, interval_s, inflight(), connected=connected()))
         except TransportError as exc:
             if not failing:
                 log.warning("could not publish a heartbeat (retrying every %g s): %s", interval_s, exc)
@@ -105,7 +145,21 @@ async def beat_forever(transport: Transport, group: str, consumer: str, interval
             if failing:
                 log.info("publishing heartbeats again")
             failing = False
-        await asyncio.sleep(interval_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), interval_s)
+
+
+async def send_last_beat(transport: Transport, group: str, consumer: str, interval_s: float, *,
+                         app: str = "debatebus") -> None:
+    """Say that this consumer stopped, so ``check`` stops counting it at once: the pub/sub key is
+    deleted when it holds this consumer's beat, elsewhere a last beat with ``stopping: true`` is
+    written. Raises ``TransportError`` when the broker cannot be reached."""
+    if _redis_kind(transport) == "pubsub":
+        await _delete_own_key(_redis_client(transport), heartbeat_key(group), consumer)
+        return
+    send = _sender(transport, group, interval_s)
+    if send is not None:
+        await send(_beat(app, group, consumer, interval_s, 0, stopping=True))
 
 
 def _sender(transport: Transport, group: str, interval_s: float) -> Send | None:
@@ -158,6 +212,16 @@ async def _set_key(client: Redis, key: str, body: bytes, ttl_s: int) -> None:
         await client.set(key, body, ex=ttl_s)
 
 
+async def _delete_own_key(client: Redis, key: str, consumer: str) -> None:
+    # Another worker of the group may have written the key since: its beat stays.
+    from debatebus.transports.redis_common import describe, map_redis_errors
+
+    with map_redis_errors(describe(None, client)):
+        beat = _decode(await client.get(key))
+        if beat is not None and beat.get("consumer") == consumer:
+            await client.delete(key)
+
+
 # ---- reading ----------------------------------------------------------------------------------
 
 
@@ -180,7 +244,7 @@ async def _redis_latest(url: str, group: str) -> Beat | None:
     client = build_client(url, connect_timeout=5.0)
     try:
         with map_redis_errors(describe(url)):
-            from_key = _decode(await client.get(heartbeat_key(group)))
+            from_key = _Live(group).pick(_decode(await client.get(heartbeat_key(group))))
             return _newest([from_key, await _scan_stream(client, group)])
     finally:
         await client.aclose()
@@ -189,11 +253,12 @@ async def _redis_latest(url: str, group: str) -> Beat | None:
 async def _scan_stream(client: Redis, group: str) -> Beat | None:
     """Newest first, page by page: other groups' beats may sit on top of this group's."""
     end = "+"
+    live = _Live(group)
     for _ in range(_MAX_PAGES):
         entries: Any = await client.xrevrange(HEARTBEAT_TOPIC, end, "-", count=_PAGE)
         for _id, fields in entries:
-            beat = _decode(fields.get(b"envelope"))
-            if beat is not None and beat.get("group") == group:
+            beat = live.pick(_decode(fields.get(b"envelope")))
+            if beat is not None:
                 return beat
         if len(entries) < _PAGE:
             return None
@@ -236,14 +301,16 @@ async def _partition_newest(reader: Any, tp: Any, begin: int, end: int, group: s
     """Pages back from the end: a group's beats all land on one partition (keyed by group), and
     its newest is near that partition's end unless other groups share it."""
     high = end
+    live = _Live(group)
     for _ in range(_MAX_PAGES):
         if high <= begin:
             return None
         low = max(begin, high - _PAGE)
         values = await _read_offsets(reader, tp, low, high)
-        found = _newest([b for b in map(_decode, values) if b is not None and b.get("group") == group])
-        if found is not None:
-            return found
+        for value in reversed(values):
+            found = live.pick(_decode(value))
+            if found is not None:
+                return found
         high = low
     return None
 

@@ -6,10 +6,13 @@ fields they don't know (msgspec does by default), so old workers read new produc
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
 import msgspec
+
+from debatebus.exceptions import InputError
 
 __all__ = [
     "ENVELOPE_DECODER",
@@ -17,6 +20,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Envelope",
     "completed_topic",
+    "decode_request",
     "failed_topic",
     "lenient_request",
     "now_iso",
@@ -64,15 +68,74 @@ def now_iso() -> str:
     return f"{_last_second[1]}.{int((now - second) * 1000):03d}Z"
 
 
+def decode_request(body: bytes) -> Envelope:
+    """The request envelope in ``body``, or ``InputError`` saying what the producer must fix.
+    Every way a body can be unreadable is bad input, nesting too deep to decode included."""
+    try:
+        request = ENVELOPE_DECODER.decode(body)
+    except msgspec.ValidationError as exc:
+        raise InputError(f"envelope does not match the schema ({exc}): send "
+                         '{"requestId": "<id>", "payload": {"input": "<topic>"}}') from None
+    except msgspec.DecodeError as exc:
+        raise InputError(f"body is not valid JSON ({exc}): send a UTF-8 JSON envelope") from None
+    except RecursionError:
+        raise InputError("body nests too deeply to decode: send an envelope whose payload nests "
+                         "less than a few hundred levels") from None
+    if not request.request_id:
+        raise InputError('requestId is empty: send a non-empty requestId, e.g. a UUID')
+    return request
+
+
 def lenient_request(body: bytes) -> tuple[str | None, dict[str, Any]]:
     """Best effort: the requestId and payload of a body that may not be a valid envelope (a
-    malformed request's failure event, ops replay)."""
+    malformed request's failure event, ops replay). Never recurses deeper than the decoder may:
+    a body nested too deeply to decode yields its top-level requestId and no payload."""
     try:
         data = msgspec.json.decode(body)
     except msgspec.DecodeError:
         return None, {}
+    except RecursionError:
+        return _shallow_request_id(body), {}
     if not isinstance(data, dict):
         return None, {}
     rid = data.get("requestId")
     payload = data.get("payload")
     return (rid if isinstance(rid, str) and rid else None), (payload if isinstance(payload, dict) else {})
+
+
+# A JSON string (escapes included) or one structural character: enough to follow nesting without
+# recursion, since the characters of a string never count.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]')
+_REQUEST_ID_KEY = b'"requestId"'
+
+
+def _shallow_request_id(body: bytes) -> str | None:
+    """The string value of the top-level ``requestId`` key, found by scanning tokens with a depth
+    counter (no recursion, linear time); None when there is no such non-empty string."""
+    depth, expect, key = 0, "", b""
+    for match in _TOKEN.finditer(body):
+        token = match.group()
+        if token in (b"{", b"["):
+            if depth == 0 and token != b"{":
+                return None
+            depth += 1
+            expect = "key" if depth == 1 else expect
+        elif token in (b"}", b"]"):
+            depth -= 1
+        elif depth != 1:
+            continue
+        elif token == b",":
+            expect = "key"
+        elif token == b":":
+            expect = "value" if expect == "colon" else ""
+        elif expect == "key":
+            expect, key = "colon", token
+        elif expect == "value" and key == _REQUEST_ID_KEY:
+            try:
+                rid = msgspec.json.decode(token)
+            except msgspec.DecodeError:
+                return None
+            return rid if isinstance(rid, str) and rid else None
+        else:
+            expect = ""
+    return None

@@ -2,6 +2,11 @@
 
 For tests, the embedded demo and users' own tests. Transports built on the same ``MemoryBroker``
 see the same topics, so a publisher, a worker and a listener can share one in a test.
+
+Faults, for testing what a worker does when the broker misbehaves: ``MemoryBroker.inject`` makes
+the next calls of one kind raise (``connect``, ``consume``, or ``settle`` — ``ack`` and ``reject``),
+and ``MemoryBroker(max_message_bytes=…)`` refuses larger messages with ``MessageTooLargeError``
+the way Kafka does.
 """
 
 from __future__ import annotations
@@ -13,12 +18,16 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
+from debatebus.exceptions import MessageTooLargeError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
 
 __all__ = ["MemoryBroker", "MemoryTransport", "default_broker"]
 
 REASON_HEADER = "x-debatebus-reason"
+
+Fault = Literal["connect", "consume", "settle"]
 
 
 @dataclass(slots=True)
@@ -27,6 +36,7 @@ class _Pending:
     consumer: str
     deliveries: int
     since: float
+    released: bool = False
 
 
 @dataclass(slots=True)
@@ -39,10 +49,12 @@ class _Group:
 class MemoryBroker:
     """The shared state: append-only logs per topic and consumer-group bookkeeping."""
 
-    def __init__(self, *, claim_idle_s: float = 30.0) -> None:
+    def __init__(self, *, claim_idle_s: float = 30.0, max_message_bytes: int | None = None) -> None:
         self.logs: dict[str, list[Outgoing]] = {}
         self.groups: dict[tuple[str, str], _Group] = {}
         self.claim_idle_s = claim_idle_s
+        self.max_message_bytes = max_message_bytes
+        self._faults: dict[Fault, list[TransportError]] = {}
         # Plain futures rather than a Condition: the process-wide broker outlives event loops
         # (one per test), and a waiter only ever lives on the loop that is waiting.
         self._waiters: set[asyncio.Future[None]] = set()
@@ -50,7 +62,30 @@ class MemoryBroker:
     def log(self, topic: str) -> list[Outgoing]:
         return self.logs.setdefault(topic, [])
 
+    def inject(self, fault: Fault, times: int = 1, error: TransportError | None = None) -> None:
+        """Make the next ``times`` calls of one kind, on every transport of this broker, raise
+        ``error`` (a ``TransportError`` naming the fault by default) instead of doing anything:
+        ``connect``; ``consume`` (a running consumer raises at its next poll, within 50 ms, and
+        each retry consumes one more fault); ``settle`` (``ack`` and ``reject``)."""
+        error = error or TransportError(f"memory broker: injected {fault} failure")
+        self._faults.setdefault(fault, []).extend([error] * times)
+
+    def check(self, fault: Fault) -> None:
+        """Raise the next injected error of this kind, if any (see ``inject``)."""
+        pending = self._faults.get(fault)
+        if pending:
+            raise pending.pop(0)
+
+    def check_size(self, messages: Sequence[Outgoing]) -> None:
+        limit = self.max_message_bytes
+        for message in messages:
+            if limit is not None and len(message.body) > limit:
+                raise MessageTooLargeError(
+                    f"memory broker: message of {len(message.body)} bytes on {message.topic!r} is "
+                    f"over max_message_bytes={limit}", size=len(message.body), limit=limit)
+
     async def append(self, messages: Sequence[Outgoing]) -> list[str]:
+        self.check_size(messages)
         ids = []
         for message in messages:
             log = self.log(message.topic)
@@ -89,6 +124,9 @@ class MemoryTransport(Transport):
         self.broker = broker or default_broker()
         self._closed = False
 
+    async def connect(self) -> None:
+        self.broker.check("connect")
+
     async def close(self) -> None:
         self._closed = True
 
@@ -120,6 +158,7 @@ class MemoryTransport(Transport):
         self, topics: Sequence[str], *, group: str, consumer: str, prefetch: int = 16
     ) -> AsyncIterator[Delivery]:
         while not self._closed:
+            self.broker.check("consume")
             found = False
             for topic in topics:
                 delivery = self._next_for(topic, group, consumer)
@@ -129,34 +168,52 @@ class MemoryTransport(Transport):
             if not found:
                 await self.broker.wait(min(0.05, self.broker.claim_idle_s))
 
-    def _settle(self, delivery: Delivery) -> bool:
+    def _pending(self, delivery: Delivery) -> _Pending | None:
+        """The pending entry of ``delivery`` while this very delivery still holds it: a copy
+        handed out again since (claimed, requeued) settles nothing."""
         group_name, entry = delivery.token
-        group = self.broker.groups[(delivery.topic, group_name)]
-        return group.pending.pop(entry, None) is not None
+        pending = self.broker.groups[(delivery.topic, group_name)].pending.get(entry)
+        return pending if pending is not None and pending.deliveries == delivery.deliveries else None
+
+    def _settle(self, delivery: Delivery, results: Sequence[Outgoing]) -> bool:
+        """Settle once: a retried ack or reject of a settled delivery is a no-op (False)."""
+        self.broker.check("settle")
+        if self._pending(delivery) is None:
+            return False
+        self.broker.check_size(results)
+        group_name, entry = delivery.token
+        del self.broker.groups[(delivery.topic, group_name)].pending[entry]
+        return True
 
     async def touch(self, deliveries: Sequence[Delivery]) -> None:
         now = time.monotonic()
         for delivery in deliveries:
-            group_name, entry = delivery.token
-            pending = self.broker.groups[(delivery.topic, group_name)].pending.get(entry)
-            if pending is not None:
+            pending = self._pending(delivery)
+            if pending is not None and not pending.released:
                 pending.since = now
 
+    def release(self, delivery: Delivery) -> None:
+        """As on Redis Streams: the entry stays pending, is no longer kept alive (``touch``
+        ignores it) and is handed out again ``claim_idle_s`` after it was last touched."""
+        pending = self._pending(delivery)
+        if pending is not None:
+            pending.released = True
+
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
-        if self._settle(delivery):
+        if self._settle(delivery, results):
             await self.broker.append(results)
 
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
-        group_name, entry = delivery.token
-        group = self.broker.groups[(delivery.topic, group_name)]
         if requeue:
-            if entry in group.pending:
-                group.requeued.append(entry)
+            self.broker.check("settle")
+            group_name, entry = delivery.token
+            if self._pending(delivery) is not None:
+                self.broker.groups[(delivery.topic, group_name)].requeued.append(entry)
             return
-        if self._settle(delivery):
-            headers = {**delivery.headers, REASON_HEADER: reason, "x-debatebus-origin": delivery.topic}
-            await self.broker.append([Outgoing(dlq_topic(delivery.topic), delivery.body,
-                                               delivery.key, headers)])
+        headers = {**delivery.headers, REASON_HEADER: reason, "x-debatebus-origin": delivery.topic}
+        dead = [Outgoing(dlq_topic(delivery.topic), delivery.body, delivery.key, headers)]
+        if self._settle(delivery, ()):
+            await self.broker.append(dead)
 
     async def read_range(self, topic: str, start: str = "-", end: str = "+") -> AsyncIterator[Delivery]:
         """Entries between two ids (``N-0``, inclusive; ``-``/``+`` for the ends), oldest first,
