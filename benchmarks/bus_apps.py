@@ -42,12 +42,16 @@ def instant_debate() -> Debate:
 
 
 def debatebus_app() -> Any:
-    """``debatebus worker benchmarks.bus_apps:debatebus_app`` — env BENCH_BROKER, BENCH_STORE."""
+    """``debatebus worker benchmarks.bus_apps:debatebus_app`` — env BENCH_BROKER; BENCH_STORE
+    names an explicit store, BENCH_DURABLE=0 turns durability off; neither: the default handler
+    (durable, with the store the bus derives from its broker URL)."""
     from debatebus.worker import DebateBus
 
     url = os.environ["BENCH_BROKER"]
     options: dict[str, Any] = {}
-    if os.environ.get("BENCH_STORE"):
+    if os.environ.get("BENCH_DURABLE") == "0":
+        options["durable"] = False
+    elif os.environ.get("BENCH_STORE"):
         from debatebus.checkpoints import store_from_url
 
         store = os.environ["BENCH_STORE"]
