@@ -98,7 +98,7 @@ async def test_a_frame_injected_mid_pipeline_is_never_taken_for_a_reply(
         fake: tuple[FakeRedis, Redis]) -> None:
     server, client = fake
     server.inject_after = b"k3"
-    batcher = CommandBatcher(client, "fake", transaction=False, timeout=5.0)
+    batcher = CommandBatcher(client, "fake", timeout=5.0)
     batcher.start()
     try:
         futures = [batcher.enqueue([("GET", f"k{i}")]) for i in range(8)]
@@ -121,7 +121,7 @@ async def test_a_frame_arriving_between_pipelines_is_never_taken_for_the_next_re
         fake: tuple[FakeRedis, Redis]) -> None:
     server, client = fake
     server.inject_after, server.inject, server.between = b"first", b":42\r\n", True
-    batcher = CommandBatcher(client, "fake", transaction=False, timeout=5.0)
+    batcher = CommandBatcher(client, "fake", timeout=5.0)
     batcher.start()
     try:
         assert await batcher.submit([("GET", "first")]) == [b"value-of-first"]
@@ -136,7 +136,7 @@ async def test_a_handshake_without_an_answer_fails_within_the_connect_timeout() 
     server = FakeRedis(silent=True)
     port = await server.start()
     client = build_client(f"redis://:pw@127.0.0.1:{port}/0", connect_timeout=0.3)
-    batcher = CommandBatcher(client, "silent", transaction=False, timeout=30.0)
+    batcher = CommandBatcher(client, "silent", timeout=30.0)
     batcher.start()
     try:
         with pytest.raises(TransportError, match="did not answer in time"):
@@ -162,7 +162,7 @@ def own_server() -> Iterator[RedisServer]:
 async def test_client_and_batcher_close_in_either_order(redis_server: RedisServer,
                                                         client_first: bool) -> None:
     client = build_client(redis_server.url, connect_timeout=5.0)
-    batcher = CommandBatcher(client, "test", transaction=True, timeout=5.0)
+    batcher = CommandBatcher(client, "test", timeout=5.0)
     batcher.start()
     assert await client.ping()
     assert await batcher.submit([("SET", "conn:order", "1")]) == [b"OK"]
@@ -180,7 +180,7 @@ async def test_client_and_batcher_close_in_either_order(redis_server: RedisServe
 @pytest.mark.redis
 async def test_a_protocol_3_url_still_gets_a_resp2_batcher(redis_server: RedisServer) -> None:
     client = build_client(redis_server.url + "?protocol=3", connect_timeout=5.0)
-    batcher = CommandBatcher(client, "test", transaction=False, timeout=5.0)
+    batcher = CommandBatcher(client, "test", timeout=5.0)
     batcher.start()
     try:
         [info] = await batcher.submit([("CLIENT", "INFO")])
@@ -194,7 +194,7 @@ async def test_a_protocol_3_url_still_gets_a_resp2_batcher(redis_server: RedisSe
 @pytest.mark.redis
 async def test_an_unknown_script_keeps_no_script_error_as_the_cause(redis_server: RedisServer) -> None:
     client = build_client(redis_server.url, connect_timeout=5.0)
-    batcher = CommandBatcher(client, "test", transaction=False, timeout=5.0)
+    batcher = CommandBatcher(client, "test", timeout=5.0)
     batcher.start()
     try:
         with pytest.raises(TransportError) as caught:
@@ -208,7 +208,7 @@ async def test_an_unknown_script_keeps_no_script_error_as_the_cause(redis_server
 @pytest.mark.redis
 async def test_a_killed_connection_is_replaced_at_the_next_pipeline(redis_server: RedisServer) -> None:
     client = build_client(redis_server.url, connect_timeout=5.0)
-    batcher = CommandBatcher(client, "test", transaction=False, timeout=5.0)
+    batcher = CommandBatcher(client, "test", timeout=5.0)
     batcher.start()
     try:
         [first] = await batcher.submit([("CLIENT", "ID")])
@@ -221,10 +221,9 @@ async def test_a_killed_connection_is_replaced_at_the_next_pipeline(redis_server
         await client.aclose()
 
 
-async def _batcher(url: str, timeout: float = 5.0, *,
-                   transaction: bool = True) -> tuple[Redis, CommandBatcher]:
+async def _batcher(url: str, timeout: float = 5.0) -> tuple[Redis, CommandBatcher]:
     client = build_client(url, connect_timeout=timeout)
-    batcher = CommandBatcher(client, "test", transaction=transaction, timeout=timeout)
+    batcher = CommandBatcher(client, "test", timeout=timeout)
     batcher.start()
     return client, batcher
 
@@ -271,10 +270,10 @@ async def test_client_pause_during_a_reconnect_with_select(own_server: RedisServ
 @pytest.mark.redis
 async def test_kill_9_fails_what_is_in_flight_and_a_restart_is_reconnected_to(
         own_server: RedisServer) -> None:
-    client, batcher = await _batcher(own_server.url, timeout=10.0, transaction=False)
+    client, batcher = await _batcher(own_server.url, timeout=10.0)
     try:
         assert await batcher.submit([("SET", "conn:k", "kept")]) == [b"OK"]
-        # In flight when Redis dies (outside MULTI, BLPOP blocks).
+        # In flight when Redis dies (BLPOP blocks).
         blocked = batcher.enqueue([("BLPOP", "conn:never", 8)])
         await asyncio.sleep(0.2)
         own_server.kill9()

@@ -29,7 +29,7 @@ async def client(redis_server: RedisServer) -> AsyncIterator[Redis]:
 
 
 async def test_jobs_of_one_tick_share_a_pipeline_and_keep_their_order(client: Redis) -> None:
-    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher = CommandBatcher(client, "test", timeout=10.0)
     batcher.start()
     try:
         # 200 jobs queued without awaiting: each gets its own replies, in queue order.
@@ -43,7 +43,7 @@ async def test_jobs_of_one_tick_share_a_pipeline_and_keep_their_order(client: Re
 
 
 async def test_a_failing_command_fails_only_its_own_job(client: Redis) -> None:
-    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher = CommandBatcher(client, "test", timeout=10.0)
     batcher.start()
     try:
         await client.set("pipe:string", "x")
@@ -59,7 +59,7 @@ async def test_a_failing_command_fails_only_its_own_job(client: Redis) -> None:
 
 
 async def test_a_silent_server_times_out_and_the_next_pipeline_reconnects(client: Redis) -> None:
-    batcher = CommandBatcher(client, "test", transaction=True, timeout=0.3)
+    batcher = CommandBatcher(client, "test", timeout=0.3)
     batcher.start()
     pauser = Redis(connection_pool=client.connection_pool)
     try:
@@ -76,7 +76,7 @@ async def test_a_silent_server_times_out_and_the_next_pipeline_reconnects(client
 async def test_a_restarted_server_is_reconnected_to_without_losing_a_job() -> None:
     server = RedisServer.start(appendonly=True)
     client = build_client(server.url, connect_timeout=5.0)
-    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher = CommandBatcher(client, "test", timeout=10.0)
     batcher.start()
     try:
         assert await batcher.submit([("SET", "pipe:k", "before")]) == [b"OK"]
@@ -90,7 +90,7 @@ async def test_a_restarted_server_is_reconnected_to_without_losing_a_job() -> No
 
 
 async def test_stop_sends_what_is_queued_and_leaves_the_client_working(client: Redis) -> None:
-    batcher = CommandBatcher(client, "test", transaction=False, timeout=10.0)
+    batcher = CommandBatcher(client, "test", timeout=10.0)
     batcher.start()
     queued = batcher.enqueue([("SET", "pipe:last", "sent")])
     await batcher.stop()
@@ -103,7 +103,7 @@ async def test_stop_sends_what_is_queued_and_leaves_the_client_working(client: R
 
 async def test_nothing_waits_forever_on_an_unreachable_server() -> None:
     client = build_client(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5)
-    batcher = CommandBatcher(client, "nowhere", transaction=True, timeout=0.5)
+    batcher = CommandBatcher(client, "nowhere", timeout=0.5)
     batcher.start()
     try:
         with pytest.raises(TransportError, match="redis-server running"):
@@ -147,7 +147,7 @@ def tls_server(tmp_path: Path) -> Iterator[str]:
 
 async def test_the_batcher_opens_its_own_tls_connection(tls_server: str) -> None:
     client = build_client(tls_server, connect_timeout=5.0)
-    batcher = CommandBatcher(client, "tls", transaction=True, timeout=10.0)
+    batcher = CommandBatcher(client, "tls", timeout=10.0)
     batcher.start()
     try:
         futures = [batcher.enqueue([("RPUSH", "pipe:tls", str(i))]) for i in range(100)]
@@ -160,7 +160,7 @@ async def test_the_batcher_opens_its_own_tls_connection(tls_server: str) -> None
 
 async def test_a_certificate_that_cannot_be_verified_is_a_tls_error(tls_server: str) -> None:
     client = build_client(tls_server.split("?")[0], connect_timeout=5.0)  # no ssl_ca_certs
-    batcher = CommandBatcher(client, "tls", transaction=False, timeout=5.0)
+    batcher = CommandBatcher(client, "tls", timeout=5.0)
     batcher.start()
     try:
         with pytest.raises(TransportError, match="TLS handshake"):

@@ -193,7 +193,7 @@ class RedisCheckpointStore(CheckpointStore):
             raise
         # The hot-path commands go through the transports' batcher: every call made by any
         # debate in one loop tick is one pipelined round trip.
-        self._batch = CommandBatcher(client, self._where, transaction=False, timeout=30.0)
+        self._batch = CommandBatcher(client, self._where, timeout=30.0)
         self._batch.start()
         return client, scripts
 

@@ -1,5 +1,6 @@
 """The Redis command batcher: every command queued in one event-loop tick goes out as one
-pipeline, on a connection of its own whose replies are parsed as they arrive.
+pipeline, on a connection of its own whose replies are parsed as they arrive. The commands run
+one by one, never inside MULTI/EXEC: a caller whose commands must be atomic sends a script.
 
 The batcher owns its connection outright: it opens the socket with asyncio (TCP, TLS or a unix
 socket, as the client's URL says), authenticates (``AUTH``), selects the db (``SELECT``) and reads
@@ -39,10 +40,8 @@ from redis.asyncio.connection import SSLConnection
 from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 from debatebus.transports.redis_common import Command, pack_commands, transport_error
 
-__all__ = ["AckTarget", "Check", "CommandBatcher"]
+__all__ = ["Check", "CommandBatcher"]
 
-#: What an acknowledgement needs: (stream, group, entry id).
-AckTarget = tuple[str, str, str]
 #: Turns a job's replies into its result, or raises (the error the job's caller then gets).
 Check = Callable[[list[Any]], list[Any]]
 
@@ -168,18 +167,16 @@ def _tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
 @dataclass(slots=True)
 class _Job:
     commands: Sequence[Command]
-    ack: AckTarget | None
     future: asyncio.Future[list[Any]]
     check: Check | None = None
 
 
 @dataclass(slots=True, eq=False)
 class _Pipeline:
-    """One pipeline on the wire: its jobs, the XACK owners, and the replies collected so far.
+    """One pipeline on the wire: its jobs and the replies collected so far.
     ``settle(pipeline, error)`` is called once, from the loop, when it ends either way."""
 
     jobs: list[_Job]
-    ack_owners: list[list[_Job]]
     settle: Callable[[_Pipeline, BaseException | None], None]
     expected: int = 0
     marker: bytes = b""
@@ -288,7 +285,7 @@ async def _handshake(wire: _Wire, commands: list[Command], where: str) -> None:
         if not done.done():
             done.set_result((pipeline.replies, error))
 
-    wire.send(_Pipeline([], [], settle), commands)
+    wire.send(_Pipeline([], settle), commands)
     replies, error = await done
     # A refused AUTH makes every later reply a NOAUTH: the first refusal is the one to report.
     for command, reply in zip(commands, replies, strict=False):
@@ -307,26 +304,23 @@ async def _handshake(wire: _Wire, commands: list[Command], where: str) -> None:
 
 class CommandBatcher:
     """Micro-batching: ``submit`` queues commands and waits; everything queued during the same
-    loop tick is sent as one pipeline (one MULTI/EXEC when ``transaction``), with one ``XACK`` per
-    stream and group for all the acknowledgements in it.
+    loop tick is sent as one pipeline.
 
-    Each caller gets the replies to its own commands, or a ``TransportError`` when they — or the
-    ``XACK`` their acknowledgement rode on — failed, or the whole pipeline did (a ``ConfigError``
-    when Redis refuses the credentials). Redis does not roll back a transaction whose command fails
-    at run time; the only such failure possible here is a ``WRONGTYPE`` (a topic name taken by a
-    non-stream key), reported to the job it belongs to. A connection that is lost, or that stays
-    silent for ``timeout`` seconds, is closed and replaced at the next pipeline; the pipelines it
-    was carrying fail, since Redis may or may not have run them.
+    Each caller gets the replies to its own commands (or what its ``check`` makes of them), or a
+    ``TransportError`` when one of its commands failed — the other jobs in the pipeline are not
+    affected — or the whole pipeline did (a ``ConfigError`` when Redis refuses the credentials).
+    A connection that is lost, or that stays silent for ``timeout`` seconds, is closed and
+    replaced at the next pipeline; the pipelines it was carrying fail, since Redis may or may not
+    have run them.
 
     The connection is the batcher's own, made from ``client``'s settings (``connection_pool``'s
     ``connection_kwargs`` and ``connection_class``); the client itself is never used or closed.
     """
 
-    def __init__(self, client: Redis, where: str, *, transaction: bool, timeout: float) -> None:
+    def __init__(self, client: Redis, where: str, *, timeout: float) -> None:
         self._pool = client.connection_pool
         self._endpoint: _Endpoint | None = None
         self._where = where
-        self._transaction = transaction
         self._timeout = timeout
         self._queue: list[_Job] = []
         self._scheduled = False
@@ -365,11 +359,11 @@ class CommandBatcher:
             _fail(job, TransportError(f"the connection to Redis at {self._where} was closed "
                                       "before this command was sent"))
 
-    async def submit(self, commands: Sequence[Command], ack: AckTarget | None = None) -> list[Any]:
+    async def submit(self, commands: Sequence[Command]) -> list[Any]:
         # A cancelled caller does not unqueue its job: half-settled states are worse than a late one.
-        return await self.enqueue(commands, ack)
+        return await self.enqueue(commands)
 
-    def enqueue(self, commands: Sequence[Command], ack: AckTarget | None = None, *,
+    def enqueue(self, commands: Sequence[Command], *,
                 check: Check | None = None) -> asyncio.Future[list[Any]]:
         """Queue now, await the replies later: jobs reach Redis in the order they were queued.
         ``check`` turns the replies into the result, or raises; it runs as the replies arrive,
@@ -378,7 +372,7 @@ class CommandBatcher:
             raise TransportError("the Redis transport is not connected: call connect() or use async with")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[Any]] = loop.create_future()
-        self._queue.append(_Job(commands, ack, future, check))
+        self._queue.append(_Job(commands, future, check))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -403,17 +397,9 @@ class CommandBatcher:
         self._send(wire, batch)
 
     def _send(self, wire: _Wire, batch: list[_Job]) -> None:
-        commands: list[Command] = [command for job in batch for command in job.commands]
-        acks: dict[tuple[str, str], list[_Job]] = {}
-        for job in batch:
-            if job.ack is not None:
-                acks.setdefault(job.ack[:2], []).append(job)
-        for (stream, group), jobs in acks.items():
-            commands.append(("XACK", stream, group, *[job.ack[2] for job in jobs if job.ack]))
-        framed = [("MULTI",), *commands, ("EXEC",)] if self._transaction else commands
-        pipeline = _Pipeline(batch, list(acks.values()), self._done)
+        pipeline = _Pipeline(batch, self._done)
         try:
-            wire.send(pipeline, framed)
+            wire.send(pipeline, [command for job in batch for command in job.commands])
         except Exception as e:  # an argument Redis can't take: nothing was sent
             self._done(pipeline, e)
             return
@@ -429,7 +415,7 @@ class CommandBatcher:
             except Exception as e:
                 waiting, self._waiting = self._waiting, []
                 for batch in waiting:
-                    self._done(_Pipeline(batch, [], self._done), e)
+                    self._done(_Pipeline(batch, self._done), e)
                 return
             waiting, self._waiting = self._waiting, []
             for batch in waiting:
@@ -457,28 +443,20 @@ class CommandBatcher:
         if pipeline.timer is not None:
             pipeline.timer.cancel()
         try:
-            if error is not None:
-                raise error
-            replies = pipeline.replies
-            if self._transaction:
-                replies = _transaction_replies(replies, len(replies) - 2)
-        except BaseException as e:  # whatever it is, every caller hears
-            mapped = e if isinstance(e, DebatebusError) else transport_error(e, self._where)
-            for job in pipeline.jobs:
-                _fail(job, mapped)
-        else:
-            self._settle(pipeline.jobs, pipeline.ack_owners, replies)
+            if error is None:
+                self._settle(pipeline.jobs, pipeline.replies)
+            else:  # whatever it is, every caller hears
+                mapped = (error if isinstance(error, DebatebusError)
+                          else transport_error(error, self._where))
+                for job in pipeline.jobs:
+                    _fail(job, mapped)
         finally:
             wire = self._wire
             if not self._queue and not self._waiting and (wire is None or not wire.inflight):
                 self._idle.set()
 
-    def _settle(self, batch: list[_Job], ack_owners: list[list[_Job]], replies: list[Any]) -> None:
-        # Replies come in queue order: each job's own commands, then one XACK per (stream, group).
-        for jobs, reply in zip(ack_owners, replies[len(replies) - len(ack_owners):], strict=True):
-            if isinstance(reply, Exception):
-                for job in jobs:
-                    _fail(job, transport_error(reply, self._where))
+    def _settle(self, batch: list[_Job], replies: list[Any]) -> None:
+        # Replies come in queue order: each job's own commands, one after another.
         start = 0
         for job in batch:
             mine = replies[start:start + len(job.commands)]
@@ -495,21 +473,6 @@ class CommandBatcher:
                     job.future.set_result(job.check(mine))
                 except Exception as e:
                     job.future.set_exception(e)
-
-
-def _transaction_replies(replies: list[Any], count: int) -> list[Any]:
-    """``+OK``, ``count`` × ``+QUEUED`` and the EXEC array → the EXEC array. A command refused
-    while queueing aborts the whole transaction (EXECABORT), and its own error is the one worth
-    raising."""
-    refused = [r for r in replies[:-1] if isinstance(r, Exception)]
-    executed = replies[-1]
-    if isinstance(executed, redis_errors.ExecAbortError):
-        raise refused[0] if refused else executed
-    if isinstance(executed, Exception):
-        raise executed
-    if not isinstance(executed, list) or len(executed) != count:
-        raise redis_errors.ResponseError(f"EXEC answered {executed!r} to {count} commands")
-    return executed
 
 
 def _fail(job: _Job, error: BaseException) -> None:

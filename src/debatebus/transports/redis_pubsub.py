@@ -98,8 +98,7 @@ class RedisPubSubTransport(Transport):
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
                                            block_ms=max(1, int(self._poll_s * 1000)))
         await self._dead.connect()
-        self._batcher = CommandBatcher(self._client, self._where, transaction=False,
-                                       timeout=self._timeout)
+        self._batcher = CommandBatcher(self._client, self._where, timeout=self._timeout)
         self._batcher.start()
 
     async def close(self) -> None:

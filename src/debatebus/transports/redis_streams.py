@@ -233,9 +233,7 @@ class RedisStreamsTransport(Transport):
         async with self._call():
             await self._client.ping()
         self._closed = False
-        # No MULTI: each ack is one script, atomic on its own.
-        self._batcher = CommandBatcher(self._client, self._where, transaction=False,
-                                       timeout=self._timeout)
+        self._batcher = CommandBatcher(self._client, self._where, timeout=self._timeout)
         self._batcher.start()
         self._keepalive = asyncio.create_task(self._keep_leases(), name="debatebus-redis-keepalive")
 
