@@ -172,6 +172,9 @@ def test_judge() -> None:
     assert judge(beat, "g", "redis://r", 60.0, now=1059.0)[0] == 0
     assert judge(beat, "g", "redis://r", None, now=900.0)[0] == 0  # worker's clock ahead
     assert judge(None, "g", "redis://r", None, now=0.0)[0] == 1
+    code, line = judge({**beat, "connected": False}, "g", "redis://r", None, now=1001.0)
+    assert code == 1
+    assert "disconnected from the broker" in line
 
 
 class Beats(Transport):

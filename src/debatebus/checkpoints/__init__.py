@@ -14,6 +14,7 @@ from debatebus.checkpoints.base import CheckpointStore, Counters, Lease, StoredC
 from debatebus.checkpoints.memory import MemoryCheckpointStore
 from debatebus.checkpoints.sqlite import SQLiteCheckpointStore
 from debatebus.exceptions import ConfigError
+from debatebus.redaction import redact
 
 if TYPE_CHECKING:
     from debatebus.checkpoints.redis import RedisCheckpointStore
@@ -59,7 +60,7 @@ def store_from_url(url: str, **options: Any) -> CheckpointStore:
         return RedisCheckpointStore(url, **options)
     if "://" not in url and Path(url).suffix.lower() in _SQLITE_SUFFIXES:
         return SQLiteCheckpointStore(url, **options)
-    raise ConfigError(f"unsupported checkpoint store URL {url!r}: use one of {', '.join(FORMS)}")
+    raise ConfigError(f"unsupported checkpoint store URL {redact(url)!r}: use one of {', '.join(FORMS)}")
 
 
 def store_for_broker(url: str) -> CheckpointStore | None:
@@ -84,5 +85,5 @@ def _sqlite_path(url: str) -> str:
     # Everything after "sqlite://": three slashes give an absolute path, two a relative one.
     path = url.split("://", 1)[1].split("?", 1)[0]
     if not path:
-        raise ConfigError(f"checkpoint store URL {url!r} names no file: use e.g. {FORMS[1]}")
+        raise ConfigError(f"checkpoint store URL {redact(url)!r} names no file: use e.g. {FORMS[1]}")
     return path

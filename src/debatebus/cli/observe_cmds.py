@@ -68,5 +68,8 @@ def judge(beat: dict[str, Any] | None, group: str, where: str, max_age: float | 
     if age > limit:
         return 1, (f"unhealthy: the newest heartbeat of group {group!r} is {age:.1f} s old "
                    f"(limit {limit:g} s), from {who}")
+    if beat.get("connected") is False:
+        return 1, (f"unhealthy: {who} in group {group!r} is disconnected from the broker "
+                   "(it keeps retrying; see its log)")
     return 0, (f"ok: {who} in group {group!r} beat {age:.1f} s ago, "
                f"{beat.get('inFlight', 0)} debates in flight")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.redaction import redact
 from debatebus.transports.base import Outgoing, Transport
 from debatebus.transports.memory import MemoryTransport
 
@@ -235,7 +236,7 @@ async def latest_heartbeat(url: str, group: str) -> Beat | None:
     if scheme == "memory":
         raise ConfigError("memory:// lives inside one process: no other process can see its "
                           "heartbeats; check a worker on Redis or Kafka")
-    raise ConfigError(f"unsupported broker URL {url!r}: use redis://, redis+pubsub:// or kafka://")
+    raise ConfigError(f"unsupported broker URL {redact(url)!r}: use redis://, redis+pubsub:// or kafka://")
 
 
 async def _redis_latest(url: str, group: str) -> Beat | None:

@@ -50,7 +50,7 @@ class RequestPayload(msgspec.Struct, rename="camel", omit_defaults=True):
                     "bytes of UTF-8 (the handler's max_input_bytes).",
         examples=["Should we adopt microservices?"],
     )]
-    max_rounds: Annotated[Annotated[int, Meta(ge=1)] | None, Meta(
+    max_rounds: Annotated[Annotated[int, Meta(ge=1, le=1000)] | None, Meta(
         description="Cap on the rounds, never above the debate's own max_rounds.",
     )] = None
     debate_id: Annotated[Annotated[str, Meta(min_length=1, max_length=256)] | None, Meta(

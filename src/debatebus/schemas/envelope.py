@@ -42,7 +42,10 @@ class Envelope(msgspec.Struct, rename="camel", omit_defaults=True, gc=False):
     headers: dict[str, str] = {}
 
 
-ENVELOPE_DECODER = msgspec.json.Decoder(Envelope)
+# float_hook: a number too large for a float (``1e400``) decodes to inf, so the payload validator
+# can say what to send instead of the whole envelope being unreadable.
+ENVELOPE_DECODER = msgspec.json.Decoder(Envelope, float_hook=float)
+_LENIENT_DECODER = msgspec.json.Decoder(float_hook=float)
 ENVELOPE_ENCODER = msgspec.json.Encoder()
 
 
@@ -91,7 +94,7 @@ def lenient_request(body: bytes) -> tuple[str | None, dict[str, Any]]:
     malformed request's failure event, ops replay). Never recurses deeper than the decoder may:
     a body nested too deeply to decode yields its top-level requestId and no payload."""
     try:
-        data = msgspec.json.decode(body)
+        data = _LENIENT_DECODER.decode(body)
     except msgspec.DecodeError:
         return None, {}
     except RecursionError:

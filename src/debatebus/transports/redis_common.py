@@ -33,6 +33,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import DataError
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.redaction import redact
 
 try:
     import hiredis
@@ -110,7 +111,7 @@ def build_client(url: str, *, connect_timeout: float) -> Redis:
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         )
     except ValueError as e:
-        raise ConfigError(f"invalid Redis URL {url!r}: {e}") from e
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: {e}") from e
     _use_hiredis_packing(client)
     return client
 
