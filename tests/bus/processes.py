@@ -41,6 +41,28 @@ class WorkerProcess:
             self.proc.kill()
             self.proc.wait(10)
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 12) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def problems(self, lines: int = 8) -> str:
+        """The worker's last WARNING/ERROR lines and its own state changes (``debatebus.worker``,
+        e.g. reconnected): the likely cause of a failed count."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        bad = [line[:400] for line in text.splitlines()
+               if " WARNING " in line or " ERROR " in line or " debatebus.worker:" in line]
+        return "\n".join(bad[-lines:]) or "(no warnings or errors logged)"
+
+    def assert_alive(self, when: str) -> None:
+        """Fail with the exit code and the log's tail if the worker process has exited."""
+        code = self.proc.poll()
+        if code is not None:
+            raise AssertionError(f"worker pid {self.pid} exited with code {code} {when}; its log "
+                                 f"ends:\n{self.log_tail()}")
+
 
 def read_calls(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
@@ -50,6 +72,27 @@ def read_calls(path: Path) -> list[dict[str, Any]]:
 
 def calls_by_topic(path: Path) -> Counter[str]:
     return Counter(c["topic"] for c in read_calls(path))
+
+
+def committed_round_reruns(path: Path, interruptions: int = 1) -> dict[str, dict[str, Any]]:
+    """Debates whose calls show a committed round run again, by topic.
+
+    Each (purpose, round, speaker) call of a debate is made once. A debate interrupted mid-round
+    (by a broker outage or a killed worker) may repeat the calls of the round it was in, since
+    that round was never committed: at most ``interruptions`` distinct rounds may repeat, each
+    call at most ``1 + interruptions`` times. Anything more re-ran a committed round.
+    """
+    per_debate: dict[str, Counter[tuple[str, int, str]]] = {}
+    for call in read_calls(path):
+        key = (call["purpose"], call["round"], call["speaker"])
+        per_debate.setdefault(call["topic"], Counter())[key] += 1
+    bad: dict[str, dict[str, Any]] = {}
+    for topic, counts in per_debate.items():
+        repeated = {k: n for k, n in counts.items() if n > 1}
+        rounds = {r for (_, r, _) in repeated}
+        if len(rounds) > interruptions or any(n > 1 + interruptions for n in repeated.values()):
+            bad[topic] = {"repeated calls": repeated, "calls": sum(counts.values())}
+    return bad
 
 
 def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.05) -> None:

@@ -12,11 +12,14 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+import redis
 
 __all__ = ["RedisServer", "TansuServer", "free_port", "tansu_binary", "wait_for_port"]
 
@@ -40,19 +43,26 @@ def wait_for_port(port: int, timeout: float = 20.0, proc: subprocess.Popen[bytes
 
 @dataclass
 class RedisServer:
-    """``redis-server`` on a free port; ``appendonly`` so restarts keep data."""
+    """``redis-server`` on a free port; ``appendonly`` so restarts keep data.
+
+    Fault tests own theirs: ``kill9``/``restart_same_port`` (same port, same dir, so the AOF comes
+    back), ``pause``/``resume`` (SIGSTOP/SIGCONT), ``client_kill_loop`` and ``config_set``.
+    """
 
     port: int
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
+    password: str | None = None
 
     @classmethod
-    def start(cls, *, appendonly: bool = True) -> RedisServer:
+    def start(cls, *, appendonly: bool = True, appendfsync: str = "everysec",
+              password: str | None = None) -> RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: install Debian's redis-server (.ci/run does)")
-        server = cls(free_port(), Path(tempfile.mkdtemp(prefix="debatebus-redis-")))
+        server = cls(free_port(), Path(tempfile.mkdtemp(prefix="debatebus-redis-")), password=password)
         server._appendonly = appendonly
+        server._appendfsync = appendfsync
         server._binary = binary
         server._spawn()
         return server
@@ -60,20 +70,86 @@ class RedisServer:
     def _spawn(self) -> None:
         args = [self._binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
                 "--save", "", "--appendonly", "yes" if self._appendonly else "no",
-                "--appendfsync", "everysec", "--protected-mode", "no"]
+                "--appendfsync", self._appendfsync, "--protected-mode", "no"]
+        if self.password is not None:
+            args += ["--requirepass", self.password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, proc=self.proc)
+        self._wait_loaded()
+
+    def _wait_loaded(self, timeout: float = 20.0) -> None:
+        """Listening is not serving: redis answers LOADING while it replays the AOF."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.client().ping()
+                return
+            except redis.BusyLoadingError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password is not None else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        """A plain synchronous client for inspecting the server (XPENDING, XRANGE, KEYS…)."""
+        return redis.Redis(host="127.0.0.1", port=self.port, db=0, password=self.password,
+                           socket_timeout=10)
 
     def restart(self) -> None:
         self.stop(clean=False)
         self._spawn()
 
+    def kill9(self) -> None:
+        """SIGKILL, as an OOM killer or a crashed host would: no shutdown, no final AOF rewrite."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused server must die too, not linger
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart_same_port(self, after_s: float = 0.0) -> None:
+        """Start again on the same port and dir ``after_s`` seconds from now (blocking)."""
+        time.sleep(after_s)
+        self._spawn()
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def config_set(self, name: str, value: str) -> None:
+        with self.client() as c:
+            c.config_set(name, value)
+
+    @contextlib.contextmanager
+    def client_kill_loop(self, interval: float) -> Iterator[list[int]]:
+        """``CLIENT KILL TYPE normal`` every ``interval`` s in a thread while the block runs; the
+        yielded list collects how many connections each round killed."""
+        killed: list[int] = []
+        done = threading.Event()
+
+        def loop() -> None:
+            with self.client() as c:
+                while not done.wait(interval):
+                    killed.append(int(c.execute_command("CLIENT", "KILL", "TYPE", "normal")))
+
+        thread = threading.Thread(target=loop, name=f"client-kill-{self.port}", daemon=True)
+        thread.start()
+        try:
+            yield killed
+        finally:
+            done.set()
+            thread.join(10)
+
     def stop(self, *, clean: bool = True) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
@@ -105,17 +181,30 @@ class TansuServer:
     @classmethod
     def start(cls) -> TansuServer:
         server = cls(free_port(), Path(tempfile.mkdtemp(prefix="debatebus-tansu-")))
-        url = f"tcp://127.0.0.1:{server.port}"
+        server._spawn()
+        return server
+
+    def _spawn(self) -> None:
+        url = f"tcp://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items()
                if k not in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE")}
-        log = (server.dir / "tansu.log").open("wb")
-        server.proc = subprocess.Popen(
-            [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            cwd=server.dir, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-        wait_for_port(server.port, proc=server.proc)
-        return server
+        with (self.dir / "tansu.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/"],
+                cwd=self.dir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            )
+        wait_for_port(self.port, proc=self.proc)
+
+    def kill9(self) -> None:
+        """SIGKILL: with memory storage every topic, record and group offset is gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart_same_port(self, after_s: float = 0.0) -> None:
+        time.sleep(after_s)
+        self._spawn()
 
     @property
     def bootstrap(self) -> str:
