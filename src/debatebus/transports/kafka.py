@@ -10,26 +10,42 @@ A crash between producing results and committing redelivers the request; the han
 dedups by request id. aiokafka's idempotent producer and transactions are not used: Tansu (the
 test broker) has neither, and exactly-once could not cover the LLM calls anyway.
 
-How a consumer stays in its group however long a debate takes: see ``kafka_group``.
+A record too large to produce (results, a dead letter, a publish) raises
+``MessageTooLargeError`` before anything of that call is produced, and leaves the delivery
+unsettled, so the caller can settle it another way. A broker that restarted without its data
+(Tansu's ``memory://``) has the topics re-created on first use, and consumers start over at the
+beginning of its new logs.
+
+How a consumer stays in its group however long a debate takes, how a released or requeued
+delivery is handed out again, and how closing a ``consume()`` iterator lets in-flight deliveries
+still commit: see ``kafka_group``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError, for_code
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport
-from debatebus.transports.kafka_errors import _kafka_errors, _quietly
-from debatebus.transports.kafka_group import _Member
-from debatebus.transports.kafka_readers import _bounds, _millis, _poll, _Subscription
+from debatebus.transports.kafka_errors import (
+    _kafka_errors,
+    _lost_topic,
+    _producing,
+    _quietly,
+    _too_large,
+    logger,
+)
+from debatebus.transports.kafka_group import _Mark, _Member
+from debatebus.transports.kafka_readers import _bounds, _millis, _poll, _record_at, _Subscription
 from debatebus.transports.kafka_wire import (
     CONTENT_TYPE_HEADER,
     DELIVERIES_HEADER,
@@ -43,11 +59,13 @@ from debatebus.transports.kafka_wire import (
     _names,
     _outgoing,
     _Record,
-    _requeued,
+    _size_of,
     _Token,
     _token_of,
     kafka_topic,
 )
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
@@ -174,8 +192,10 @@ class KafkaTransport(Transport):
             raise
 
     async def close(self) -> None:
-        """Commit what is settled, leave the groups, flush and stop the producer."""
-        await asyncio.gather(*(m.stop() for m in list(self._members)),
+        """Commit what is settled, leave the groups, flush and stop the producer. Deliveries
+        still unsettled stay uncommitted: the partitions' next owners redeliver them."""
+        members, self._members = self._members, set()
+        await asyncio.gather(*(m.stop() for m in members),
                              *(self._drop_reader(r) for r in list(self._readers)))
         producer, admin = self._producer, self._admin
         self._producer = self._admin = None
@@ -200,8 +220,8 @@ class KafkaTransport(Transport):
             if not self._listed:
                 # Learn what exists first: creating an existing topic may be refused by ACLs
                 # even where reading and writing it is allowed.
-                with _kafka_errors("listing topics", self.servers):
-                    self._known.update(await admin.list_topics())
+                self._known.update(await self._admin_request("listing topics",
+                                                             admin.list_topics))
                 self._listed = True
             missing -= self._known
             if missing:
@@ -209,8 +229,8 @@ class KafkaTransport(Transport):
 
     async def _create(self, admin: AIOKafkaAdminClient, names: list[str]) -> None:
         new = [NewTopic(n, self.partitions, self.replication_factor) for n in names]
-        with _kafka_errors(f"creating topics {', '.join(names)}", self.servers):
-            response = await admin.create_topics(new)
+        response = await self._admin_request(f"creating topics {', '.join(names)}",
+                                             functools.partial(admin.create_topics, new))
         refused = []
         for entry in response.topic_errors:  # (topic, error_code[, error_message])
             name, code = entry[0], entry[1]
@@ -223,6 +243,27 @@ class KafkaTransport(Transport):
                 f"Kafka refused to create topics ({'; '.join(refused)}): allow this client to "
                 f"create topics, or create them with {self.partitions} partitions beforehand")
 
+    async def _recheck(self, names: Iterable[str]) -> None:
+        """Forget which topics exist and ensure ``names`` again: a broker that restarted
+        without its data (Tansu's ``memory://``) lost every topic, yet takes records for them
+        and then drops those records when the topic is created."""
+        async with self._ensure_lock:
+            self._known.clear()
+            self._listed = False
+        await self._ensure(names)
+
+    async def _admin_request(self, action: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """An admin request, sent twice if the connection dropped: the admin client's first
+        request after a broker restart fails on the old connection, then it reconnects."""
+        for attempt in (1, 2):
+            try:
+                with _kafka_errors(action, self.servers):
+                    return await call()
+            except TransportError as exc:
+                if attempt == 2 or not isinstance(exc.__cause__, KafkaConnectionError):
+                    raise
+        raise AssertionError("unreachable")
+
     async def _partitions_of(self, name: str) -> list[TopicPartition]:
         producer, _ = await self._ready()
         with _kafka_errors(f"reading the partitions of {name}", self.servers):
@@ -232,13 +273,30 @@ class KafkaTransport(Transport):
     # -- producing -------------------------------------------------------------------------
 
     async def _send(self, records: Sequence[_Record]) -> list[Any]:
-        """Produce and wait for the broker's acknowledgement of every record."""
+        """Produce and wait for the broker's acknowledgement of every record. Topics the broker
+        no longer knows (it restarted without its data) are created again, once."""
         if not records:
             return []
+        size = max(_size_of(r) for r in records)
+        topics = {r.topic for r in records}
+        if size > self.max_request_size:  # checked before producing any: a call fails whole
+            raise _too_large(", ".join(sorted(topics)), size, self.max_request_size,
+                             by_broker=False)
+        try:
+            return await self._produce(records, topics, size)
+        except TransportError as exc:
+            if not _lost_topic(exc):
+                raise
+            logger.warning("%s; ensuring the topics exist and producing again", exc)
+            await self._recheck(topics)
+            return await self._produce(records, topics, size)
+
+    async def _produce(self, records: Sequence[_Record], topics: set[str],
+                       size: int) -> list[Any]:
         producer, _ = await self._ready()
-        await self._ensure({r.topic for r in records})
-        topics = ", ".join(sorted({r.topic for r in records}))
-        with _kafka_errors(f"producing to {topics}", self.servers):
+        await self._ensure(topics)
+        with _producing(", ".join(sorted(topics)), self.servers, size=size,
+                        limit=self.max_request_size):
             # send() only appends to the batch; awaiting them together lets them share requests.
             futures = [await producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
                        for r in records]
@@ -252,23 +310,49 @@ class KafkaTransport(Transport):
 
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
         """Produce ``results``, then mark the delivery settled and commit the settled prefix.
-        Not atomic: a crash in between redelivers the request (the handler layer dedups)."""
+        Not atomic: a crash in between redelivers the request (the handler layer dedups). An
+        ack retried after its commit failed only commits: the results were produced already."""
         token = _token_of(delivery)
-        await self._send([_outgoing(m) for m in results])
+        if not self._settled(token):
+            await self._send([_outgoing(m) for m in results])
         await self._settle(token)
 
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
-        """``requeue``: Kafka cannot redeliver one record, so append a copy to the same topic
-        with the delivery count raised. Otherwise copy it to ``{topic}:dlq`` with the reason."""
+        """``requeue``: hand the delivery out again from this consumer, like ``release``.
+        Otherwise copy it to ``{topic}:dlq`` with the reason and settle it."""
         token = _token_of(delivery)
-        copy = _requeued(delivery, token) if requeue else _dead_letter(delivery, token, reason)
-        await self._send([copy])
+        if requeue:
+            self.release(delivery)
+            return
+        if not self._settled(token):
+            await self._send([_dead_letter(delivery, token, reason)])
         await self._settle(token)
+
+    def release(self, delivery: Delivery) -> None:
+        """Hand ``delivery`` out again from the consumer that received it, counting one more
+        delivery; its offset stays uncommitted until it is settled, other records of its
+        partition flow meanwhile. A no-op once that consumer lost the partition or closed: the
+        partition's next owner redelivers it."""
+        token = delivery.token
+        if isinstance(token, _Token) and token.member is not None:
+            token.member.release(delivery)
+
+    @staticmethod
+    def _settled(token: _Token) -> bool:
+        return token.member is not None and token.member.is_settled(token)
 
     async def _settle(self, token: _Token) -> None:
         member = token.member
-        if member is not None and member.settle(token):
-            await member.commit()
+        if member is None:
+            return
+        member.settle(token)
+        try:
+            await member.commit()  # also what an earlier, failed commit left due
+        except TransportError:
+            # A broker that lost the topics refuses commits until they exist again.
+            with contextlib.suppress(TransportError):
+                await self._recheck(member.names)
+            raise
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -279,6 +363,25 @@ class KafkaTransport(Transport):
             raise ConfigError(f"prefetch must be at least 1, not {prefetch}")
         names = _names(topics)
         await self._ensure(names)
+        member = self._detached(group, names) or await self._join(group, names, consumer,
+                                                                   prefetch)
+        member.attach()
+        try:
+            while (delivery := await member.next()) is not None:
+                yield delivery
+        finally:
+            # Stops fetching only: what was handed out still commits when settled, until close().
+            member.detach()
+
+    def _detached(self, group: str, names: dict[str, str]) -> _Member | None:
+        """A member of ``group`` on ``names`` whose iterator closed (an error, or a worker
+        consuming again after one): the new iterator takes it over, in-flight deliveries and
+        all."""
+        return next((m for m in self._members if not m.attached and not m.stopped
+                     and m.group == group and m.names == names), None)
+
+    async def _join(self, group: str, names: dict[str, str], consumer: str,
+                    prefetch: int) -> _Member:
         kafka_consumer = AIOKafkaConsumer(
             bootstrap_servers=self.servers, client_id=f"{self.client_id}-{consumer}",
             group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
@@ -286,15 +389,20 @@ class KafkaTransport(Transport):
         await self._start(kafka_consumer.start, kafka_consumer.stop, f"joining group {group!r}")
         member = _Member(kafka_consumer, names, group, prefetch, self)
         self._members.add(member)
+        member.start()
+        return member
+
+    async def _mark_at(self, tp: TopicPartition, offset: int) -> _Mark | None:
+        """What the record at ``offset`` of ``tp`` holds now; None if there is none."""
+        reader = await self._reader()
         try:
-            member.start()
-            while (delivery := await member.next()) is not None:
-                yield delivery
+            reader.assign([tp])
+            reader.seek(tp, offset)
+            record = await _record_at(reader, tp, offset, servers=self.servers,
+                                      timeout=self.request_timeout)
         finally:
-            try:
-                await member.stop()
-            finally:
-                self._members.discard(member)
+            await self._drop_reader(reader)
+        return None if record is None else _Mark(record.timestamp, record.key)
 
     async def _reader(self) -> AIOKafkaConsumer:
         """A group-less consumer: reads wherever it is told to, commits nothing."""

@@ -1,5 +1,5 @@
-"""aiokafka failures as ``TransportError``s that say what to check, and shutdown steps that log
-their failures instead of raising them."""
+"""aiokafka failures as ``TransportError``s that say what to check (``MessageTooLargeError`` for
+records too large), and shutdown steps that log their failures instead of raising them."""
 
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
+    RecordListTooLargeError,
     RecordTooLargeError,
     RequestTimedOutError,
     TopicAuthorizationFailedError,
+    UnknownError,
+    UnknownTopicOrPartitionError,
 )
 
-from debatebus.exceptions import TransportError
+from debatebus.exceptions import MessageTooLargeError, TransportError
 
 # The transport's modules share one logger, so operators filter on one name whichever logs.
 logger = logging.getLogger("debatebus.transports.kafka")
@@ -34,8 +37,8 @@ _HINTS: Final[tuple[tuple[type[BaseException] | tuple[type[BaseException], ...],
                            "advertises is reachable from this host"),
     (CommitFailedError, "the group rebalanced and the partition moved to another consumer, which "
                         "redelivers from the last commit"),
-    ((MessageSizeTooLargeError, RecordTooLargeError),
-     "the message exceeds the producer's max_request_size or the topic's max.message.bytes"),
+    (RecordTooLargeError,
+     "a record exceeds the consumer's max_partition_fetch_bytes or the broker's limit"),
     ((TopicAuthorizationFailedError, GroupAuthorizationFailedError),
      "check this client's ACLs on the broker"),
     ((KafkaTimeoutError, RequestTimedOutError),
@@ -59,6 +62,35 @@ def _kafka_errors(action: str, servers: str) -> Iterator[None]:
         yield
     except _KAFKA_ERRORS as exc:
         raise _translate(exc, action, servers) from exc
+
+
+@contextlib.contextmanager
+def _producing(topics: str, servers: str, *, size: int, limit: int) -> Iterator[None]:
+    """``_kafka_errors`` for producing records of up to ``size`` bytes: a refusal as too large
+    (aiokafka's own check against max_request_size, or the broker's MESSAGE_TOO_LARGE /
+    RECORD_LIST_TOO_LARGE) becomes ``MessageTooLargeError``."""
+    try:
+        yield
+    except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
+        raise _too_large(topics, size, limit, by_broker=size <= limit) from exc
+    except _KAFKA_ERRORS as exc:
+        raise _translate(exc, f"producing to {topics}", servers) from exc
+
+
+def _too_large(topics: str, size: int, limit: int, *, by_broker: bool) -> MessageTooLargeError:
+    if by_broker:
+        why = (f"the broker refused it: its message.max.bytes (or the topic's max.message.bytes)"
+               f" is below this producer's max_request_size of {limit} bytes")
+    else:
+        why = f"the limit is {limit} bytes (the transport's max_request_size)"
+    return MessageTooLargeError(f"Kafka: a {size}-byte record for {topics} is too large: {why}",
+                                size=size, limit=limit)
+
+
+def _lost_topic(exc: TransportError) -> bool:
+    """Whether producing failed because the broker does not know the topic (any more). Tansu
+    answers UNKNOWN (-1) to the first record for a topic re-created after it restarted."""
+    return isinstance(exc.__cause__, (UnknownTopicOrPartitionError, UnknownError))
 
 
 async def _quietly(step: Awaitable[Any], what: str, timeout: float) -> None:

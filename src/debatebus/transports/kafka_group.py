@@ -1,10 +1,20 @@
-"""The consumer-group side of ``KafkaTransport``: one ``_Member`` per ``consume()`` call.
+"""The consumer-group side of ``KafkaTransport``: one ``_Member`` per group a transport
+consumes, which a later ``consume()`` call with the same group and topics takes over.
 
 Liveness: a background task keeps calling ``getmany`` whatever the handlers are doing; when
 ``prefetch`` records are unsettled it pauses the assigned partitions instead of not polling. So
 the consumer keeps heartbeating and its ``max_poll_interval_ms`` clock (which aiokafka measures
 between ``getmany`` calls, not between messages) never runs out, however long a debate takes:
 the default 300 000 ms is fine and only bounds a wedged event loop.
+
+Shutdown: closing the ``consume()`` iterator only detaches it. The member pauses every partition
+but stays in the group with its bookkeeping, so deliveries still in flight (a worker draining)
+commit when they are settled. ``stop()`` (the transport's ``close()``) commits the settled
+prefixes and leaves the group; what is unsettled then goes to the partitions' next owner.
+
+Redelivery: a released (or requeued) delivery goes back into this member's buffer and is handed
+out again with its count raised; its offset stays uncommitted until it is settled, and the rest
+of the partition flows meanwhile. Counts live in the member, so a new owner starts at 1.
 """
 
 from __future__ import annotations
@@ -14,15 +24,15 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from debatebus.exceptions import TransportError
 from debatebus.transports.base import Delivery
-from debatebus.transports.kafka_errors import _KAFKA_ERRORS, _quietly, _translate
+from debatebus.transports.kafka_errors import _KAFKA_ERRORS, _kafka_errors, _quietly, _translate
 from debatebus.transports.kafka_wire import _delivery, _Token
 
 if TYPE_CHECKING:  # kafka imports this module, so importing it back must wait for types
@@ -35,40 +45,76 @@ _POLL_MS: Final = 200  # how long one getmany waits when idle; bounds the fetch 
 _ASSIGNMENT_WATCH_S: Final = 60
 
 
+class _Mark(NamedTuple):
+    """What a record held, to recognise it again: a log the broker lost and refilled has other
+    records at the same offsets."""
+
+    timestamp: int
+    key: bytes | None
+
+
 @dataclass(eq=False, slots=True)
 class _Partition:
-    """Offsets fetched from one assigned partition, in fetch order, for contiguous commits.
+    """Records fetched from one assigned partition: their order, for contiguous commits, and how
+    often each unsettled one was handed out, for delivery counts.
 
     ``fetched`` may have gaps (compaction, transaction markers): contiguity is over fetched
     records, not integers. A fresh object per assignment, so a late settle for a revoked
-    partition is recognised by identity and never commits for the partition's new owner.
+    partition is recognised by identity and never commits for the partition's new owner, and
+    delivery counts start over at 1 with each owner.
     """
 
     fetched: deque[int] = field(default_factory=deque)
-    unsettled: set[int] = field(default_factory=set)
+    unsettled: dict[int, int] = field(default_factory=dict)  # offset -> times handed out
+    waiting: set[int] = field(default_factory=set)  # unsettled, in the buffer, not handed out
+    last: int = -1  # the highest offset fetched
+    marks: dict[int, _Mark] = field(default_factory=dict)  # fetched offset -> what it held
+    commit_mark: _Mark | None = None  # what the record before ``commit_at`` held
     commit_at: int | None = None  # one past the settled prefix: what Kafka should store
     committed: int | None = None
 
-    def add(self, offset: int) -> None:
+    def add(self, offset: int, mark: _Mark | None = None) -> None:
         self.fetched.append(offset)
-        self.unsettled.add(offset)
+        if mark is not None:
+            self.marks[offset] = mark
+        self.unsettled[offset] = 0
+        self.waiting.add(offset)
+        self.last = offset
+
+    def hand_out(self, offset: int) -> int:
+        """Count one more delivery of a waiting record; 0 if it is not waiting any more."""
+        if offset not in self.waiting:
+            return 0
+        self.waiting.discard(offset)
+        self.unsettled[offset] += 1
+        return self.unsettled[offset]
+
+    def put_back(self, offset: int) -> bool:
+        """Mark a handed-out, unsettled record as waiting again; False if it is not one."""
+        if offset not in self.unsettled or offset in self.waiting:
+            return False
+        self.waiting.add(offset)
+        return True
 
     def settle(self, offset: int) -> bool:
-        if offset not in self.unsettled:
+        if self.unsettled.pop(offset, None) is None:
             return False
-        self.unsettled.discard(offset)
+        self.waiting.discard(offset)
         while self.fetched and self.fetched[0] not in self.unsettled:
-            self.commit_at = self.fetched.popleft() + 1
+            done = self.fetched.popleft()
+            self.commit_at, self.commit_mark = done + 1, self.marks.pop(done, None)
         return True
 
     def forget_from(self, offset: int) -> int:
-        """Drop the fetched tail from ``offset`` on (never handed out); returns how many."""
+        """Drop the fetched tail from ``offset`` on (for a revoked partition); returns how many
+        unsettled records that dropped."""
         dropped = 0
         while self.fetched and self.fetched[-1] >= offset:
-            self.unsettled.discard(self.fetched.pop())
-            dropped += 1
+            tail = self.fetched.pop()
+            self.waiting.discard(tail)
+            self.marks.pop(tail, None)
+            dropped += self.unsettled.pop(tail, None) is not None
         return dropped
-
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka has no type hints
@@ -78,13 +124,15 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ha
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         await self.member.on_revoked(set(revoked))
 
-    def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        self.member.paused = False
+    async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        self.member.paused = False  # a new assignment starts unpaused
+        self.member.apply_backpressure()  # before a fetch, if the member is full or detached
         logger.debug("group %s: assigned %s", self.member.group, sorted(assigned))
+        await self.member.after_assignment(set(assigned))
 
 
 class _Member:
-    """One ``consume()`` call: a group consumer, its fetch loop and its commit bookkeeping."""
+    """A group consumer, its fetch loop and its commit bookkeeping; see the module docstring."""
 
     def __init__(self, consumer: AIOKafkaConsumer, names: dict[str, str], group: str,
                  prefetch: int, settings: KafkaTransport) -> None:
@@ -99,19 +147,85 @@ class _Member:
         self.ready = asyncio.Event()
         self.settled = asyncio.Event()
         self.error: TransportError | None = None
+        self.attached = False  # a consume() iterator is taking deliveries
+        self.checking = False  # a new assignment's committed offsets are being checked
         self.stopped = False
-        self.paused = False  # a new assignment starts unpaused: the listener resets this
+        self.paused = False
         self._fetcher: asyncio.Task[None] | None = None
         self._watch: asyncio.TimerHandle | None = None
         self._stopping: asyncio.Future[None] | None = None
         self._commit_lock = asyncio.Lock()
         self._commit_wanted = False
+        # What this member last committed per partition, across assignments: see
+        # _rewind_lost_logs.
+        self.commits: dict[TopicPartition, tuple[int, _Mark | None]] = {}
 
     def start(self) -> None:
         self.consumer.subscribe(list(self.names), listener=_Listener(self))
-        self._fetcher = asyncio.create_task(self._fetch_loop(), name=f"kafka-fetch-{self.group}")
         self._watch = asyncio.get_running_loop().call_later(_ASSIGNMENT_WATCH_S,
                                                             self._warn_if_unassigned)
+        self.attach()
+
+    def attach(self) -> None:
+        """A ``consume()`` iterator takes deliveries (again): resume, and restart fetching if an
+        error had stopped it."""
+        self.attached = True
+        self.error = None
+        if self._fetcher is None or self._fetcher.done():
+            self._fetcher = asyncio.create_task(self._fetch_loop(),
+                                                name=f"kafka-fetch-{self.group}")
+        self.apply_backpressure()
+
+    def detach(self) -> None:
+        """The iterator closed: fetch nothing more, keep the membership and the bookkeeping."""
+        self.attached = False
+        self.apply_backpressure()
+
+    async def after_assignment(self, assigned: set[TopicPartition]) -> None:
+        """Undo what a broker that restarted without its data (Tansu's ``memory://``) leaves
+        behind; it makes the group rejoin, so this runs on each assignment. Its topics are gone:
+        create them again before anything is produced to them. Its new logs have other records
+        at the old offsets, and it takes commits from members it no longer knows: when an offset
+        this member committed no longer follows the record it followed then, read every
+        assigned partition from the start, or new records below those offsets would be skipped.
+        Costs a topic listing per assignment, and a look at one record per partition this
+        member had committed on."""
+        self.checking = True  # nothing is fetched from the committed offsets until checked
+        self.apply_backpressure()
+        try:
+            await self.settings._recheck(self.names)
+            await self._rewind_lost_logs(assigned)
+        except TransportError as exc:
+            logger.warning("group %s: %s", self.group, exc)
+        finally:
+            self.checking = False
+            self.apply_backpressure()
+
+    async def _rewind_lost_logs(self, assigned: set[TopicPartition]) -> None:
+        ours = {tp: self.commits[tp] for tp in assigned if tp in self.commits}
+        if not ours:
+            return
+        with _kafka_errors(f"checking the offsets of group {self.group!r}",
+                           self.settings.servers):
+            if await self._lost_any(ours):
+                # The broker lost its offsets too: whatever it holds was committed after the
+                # restart by members it no longer knew. Read every partition from the start.
+                logger.warning("group %s: the broker no longer holds the records behind the "
+                               "offsets this consumer committed (it restarted without its "
+                               "data): reading %s from the start", self.group,
+                               ", ".join(str(tp) for tp in sorted(assigned)))
+                await self.consumer.seek_to_beginning(*assigned)
+
+    async def _lost_any(self, ours: dict[TopicPartition, tuple[int, _Mark | None]]) -> bool:
+        """Whether a partition's committed offset, committed by this member, no longer follows
+        the record it followed then."""
+        ends = await self.consumer.end_offsets(list(ours))
+        for tp, (offset, mark) in sorted(ours.items()):
+            if await self.consumer.committed(tp) != offset or mark is None:
+                continue  # committed by another member since: not ours to check
+            if offset > ends[tp] or await self.settings._mark_at(tp, offset - 1) != mark:
+                return True
+        return False
 
     def _warn_if_unassigned(self) -> None:
         # A member that never gets partitions just waits, silently; say so once.
@@ -123,14 +237,21 @@ class _Member:
                 self.group, _ASSIGNMENT_WATCH_S, ", ".join(self.names.values()))
 
     async def next(self) -> Delivery | None:
-        while not self.buffer:
-            if self.error is not None:
-                raise self.error
-            if self.stopped:
-                return None
-            self.ready.clear()
-            await self.ready.wait()
-        return self.buffer.popleft()
+        while True:
+            while not self.buffer:
+                if self.error is not None:
+                    raise self.error
+                if self.stopped:
+                    return None
+                self.ready.clear()
+                await self.ready.wait()
+            delivery = self.buffer.popleft()
+            token: _Token = delivery.token
+            part = self._current(token)  # None: revoked or reset meanwhile, so skipped
+            count = part.hand_out(token.offset) if part is not None else 0
+            if count:
+                return delivery if count == delivery.deliveries else replace(delivery,
+                                                                             deliveries=count)
 
     async def _fetch_loop(self) -> None:
         while not self.stopped:
@@ -150,7 +271,7 @@ class _Member:
         self.ready.set()  # wakes next(), which reports the error or the end
 
     async def _poll_once(self) -> None:
-        self._apply_backpressure()
+        self.apply_backpressure()
         batch = await self.consumer.getmany(
             timeout_ms=_POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
         for tp, records in batch.items():
@@ -161,19 +282,31 @@ class _Member:
 
     def _take(self, tp: TopicPartition, record: Any) -> None:
         part = self.parts.get(tp)
+        if part is not None and record.offset <= part.last:
+            # Kafka never hands out an offset twice unasked: the consumer reset its position.
+            self._lost(tp, f"starts over at offset {record.offset} after {part.last}")
+            part = None
         if part is None:
             part = self.parts[tp] = _Partition()
-        part.add(record.offset)
+        part.add(record.offset, _Mark(record.timestamp, record.key))
         self.unsettled += 1
         self.buffer.append(_delivery(record, self.names.get(tp.topic, tp.topic), self, part))
 
-    def _apply_backpressure(self) -> None:
+    def _lost(self, tp: TopicPartition, what: str) -> None:
+        """Forget a partition whose log the broker lost (a memory-only broker restarted): its
+        deliveries in flight will never commit, and its new records start a new bookkeeping."""
+        part = self.parts.pop(tp)
+        logger.warning("group %s: %s %s: the broker lost its records; %d deliveries in flight "
+                       "there will not be committed", self.group, tp, what, len(part.unsettled))
+        self.unsettled -= len(part.unsettled)
+
+    def apply_backpressure(self) -> None:
         # Pausing rather than not polling keeps getmany (and with it the heartbeat and the
-        # max_poll_interval clock) going: a full worker stays in the group. Every assigned
-        # partition is paused, since any record fetched would exceed the bound.
+        # max_poll_interval clock) going: a full or detached member stays in the group. Every
+        # assigned partition is paused, since any record fetched would exceed the bound.
         if self.stopped:
             return
-        if self.unsettled >= self.prefetch:
+        if not self.attached or self.checking or self.unsettled >= self.prefetch:
             if not self.paused:
                 self.consumer.pause(*self.consumer.assignment())
                 self.paused = True
@@ -181,16 +314,34 @@ class _Member:
             self.consumer.resume(*self.consumer.paused())
             self.paused = False
 
+    def _current(self, token: _Token) -> _Partition | None:
+        """The token's partition bookkeeping if this member still owns that assignment."""
+        part = token.partition
+        return part if part is not None and self.parts.get(token.tp) is part else None
+
     def settle(self, token: _Token) -> bool:
         """Mark a record settled; False when it is not ours to commit any more (revoked, closed,
         settled already)."""
-        part = token.partition
-        if part is None or self.parts.get(token.tp) is not part or not part.settle(token.offset):
+        part = self._current(token)
+        if part is None or not part.settle(token.offset):
             return False
         self.unsettled -= 1
         self.settled.set()
-        self._apply_backpressure()
+        self.apply_backpressure()
         return True
+
+    def is_settled(self, token: _Token) -> bool:
+        """Whether this member settled the record already (an ack being retried)."""
+        part = self._current(token)
+        return part is not None and token.offset not in part.unsettled
+
+    def release(self, delivery: Delivery) -> None:
+        """Hand an unsettled delivery out again (first in line), counting one more delivery."""
+        token: _Token = delivery.token
+        part = self._current(token)
+        if part is not None and not self.stopped and part.put_back(token.offset):
+            self.buffer.appendleft(delivery)
+            self.ready.set()
 
     async def commit(self) -> None:
         """Commit every partition's settled prefix. Callers that arrive while a commit is in
@@ -204,7 +355,7 @@ class _Member:
                    if p.commit_at is not None and p.commit_at != p.committed}
             if not due:
                 return
-            offsets = {tp: p.commit_at for tp, p in due.items()}
+            offsets = {tp: p.commit_at for tp, p in due.items() if p.commit_at is not None}
             try:
                 async with asyncio.timeout(self.settings.request_timeout):
                     await self.consumer.commit(offsets)
@@ -221,6 +372,7 @@ class _Member:
                                  self.settings.servers) from exc
             for tp, part in due.items():
                 part.committed = offsets[tp]
+                self.commits[tp] = (offsets[tp], part.commit_mark)
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         if not revoked:
@@ -242,18 +394,20 @@ class _Member:
 
     def _purge(self, revoked: set[TopicPartition]) -> None:
         # Records fetched but not yet handed out would be handed out again by the new owner:
-        # drop them rather than run them twice. They are each partition's fetched tail.
+        # drop them rather than run them twice. Nothing from the first of them on can be
+        # committed, so the partition's bookkeeping forgets that whole tail.
         kept: deque[Delivery] = deque()
         first: dict[TopicPartition, int] = {}
         for delivery in self.buffer:
             token: _Token = delivery.token
             if token.tp in revoked:
-                first.setdefault(token.tp, token.offset)
+                first[token.tp] = min(token.offset, first.get(token.tp, token.offset))
             else:
                 kept.append(delivery)
         self.buffer = kept
         for tp, offset in first.items():
-            self.unsettled -= self.parts[tp].forget_from(offset)
+            if tp in self.parts:
+                self.unsettled -= self.parts[tp].forget_from(offset)
 
     async def _await_settled(self, tps: set[TopicPartition], grace: float) -> None:
         # Handlers that finish within the grace get their offsets committed before the new

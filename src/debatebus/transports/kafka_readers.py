@@ -119,6 +119,25 @@ async def _older_before(reader: AIOKafkaConsumer, tp: TopicPartition, offset: in
     return False
 
 
+async def _record_at(reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, *,
+                     servers: str, timeout: float) -> Any | None:
+    """The record at ``offset``, where ``reader`` is positioned; None if the log has none
+    there (it ends before, or the reader was stopped) within ``timeout``."""
+    with _kafka_errors("reading partition offsets", servers):
+        if offset >= (await reader.end_offsets([tp]))[tp]:
+            return None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        records = await _poll(reader, tp, servers=servers)
+        if records is None:
+            return None
+        if records:
+            first = records[0]
+            return first if first.offset == offset else None
+    return None
+
+
 def _millis(moment: int | datetime | None, unbounded: float) -> float:
     """A time bound in ms since the epoch; an offset or None puts no bound on time."""
     return moment.timestamp() * 1000 if isinstance(moment, datetime) else unbounded

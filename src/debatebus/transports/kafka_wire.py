@@ -2,8 +2,12 @@
 
 Topic = the event type with ``:`` replaced by ``.`` (Kafka forbids ``:``); key = the requestId;
 value = the JSON envelope; headers ``content-type: application/json`` and
-``x-debatebus-schema-version`` plus the message's own. Kafka cannot redeliver one record, so a
-requeue or dead-letter is a new record carrying its bookkeeping in ``x-debatebus-*`` headers.
+``x-debatebus-schema-version`` plus the message's own. A dead letter is a new record on
+``{topic}:dlq`` carrying its origin and reason in ``x-debatebus-*`` headers.
+
+Delivery counts are the consuming member's own (see ``kafka_group``), never a header: a producer
+controls headers, so ``x-debatebus-deliveries`` (which earlier versions wrote on requeued copies)
+is dropped from consumed records, and so from dead letters and replays built from them.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from aiokafka import TopicPartition
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from debatebus.exceptions import ConfigError
 from debatebus.schemas.envelope import SCHEMA_VERSION
@@ -37,7 +42,7 @@ __all__ = [
 CONTENT_TYPE_HEADER: Final = "content-type"
 SCHEMA_HEADER: Final = "x-debatebus-schema-version"
 REASON_HEADER: Final = "x-debatebus-reason"
-DELIVERIES_HEADER: Final = "x-debatebus-deliveries"
+DELIVERIES_HEADER: Final = "x-debatebus-deliveries"  # never trusted: dropped when consumed
 ORIGIN_HEADER: Final = "x-debatebus-origin"
 ORIGIN_PARTITION_HEADER: Final = "x-debatebus-origin-partition"
 ORIGIN_OFFSET_HEADER: Final = "x-debatebus-origin-offset"
@@ -76,13 +81,6 @@ def _encode_headers(headers: dict[str, str]) -> RawHeaders:
     return tuple((k, v.encode()) for k, v in headers.items())
 
 
-def _deliveries(headers: dict[str, str]) -> int:
-    try:
-        return max(1, int(headers.get(DELIVERIES_HEADER, "1")))
-    except ValueError:
-        return 1
-
-
 class _Record(NamedTuple):
     topic: str
     value: bytes
@@ -109,19 +107,15 @@ class _Token:
 
 def _delivery(record: Any, event_type: str, member: _Member | None = None,
               partition: _Partition | None = None) -> Delivery:
-    raw: RawHeaders = tuple((k, v or b"") for k, v in record.headers or ())
+    """A first delivery of ``record``: the member counts the ones after it."""
+    raw: RawHeaders = tuple((k, v or b"") for k, v in record.headers or ()
+                            if k != DELIVERIES_HEADER)
     headers = {k: v.decode("utf-8", "replace") for k, v in raw}
     key = record.key.decode("utf-8", "replace") if record.key is not None else None
     tp = TopicPartition(record.topic, record.partition)
-    return Delivery(event_type, record.value or b"", f"{record.partition}:{record.offset}",
-                    _deliveries(headers), key, headers,
-                    token=_Token(tp, record.offset, record.key, raw, member, partition))
-
-
-def _requeued(delivery: Delivery, token: _Token) -> _Record:
-    headers = [h for h in token.raw_headers if h[0] != DELIVERIES_HEADER]
-    headers.append((DELIVERIES_HEADER, str(delivery.deliveries + 1).encode()))
-    return _Record(token.tp.topic, delivery.body, token.raw_key, tuple(headers))
+    return Delivery(event_type, record.value or b"", f"{record.partition}:{record.offset}", 1,
+                    key, headers, token=_Token(tp, record.offset, record.key, raw, member,
+                                               partition))
 
 
 def _dead_letter(delivery: Delivery, token: _Token, reason: str) -> _Record:
@@ -138,3 +132,10 @@ def _token_of(delivery: Delivery) -> _Token:
         raise ConfigError("this delivery did not come from a KafkaTransport: settle it with the "
                           "transport that delivered it")
     return delivery.token
+
+
+def _size_of(record: _Record) -> int:
+    """The bound aiokafka checks against ``max_request_size`` before producing ``record``."""
+    size: int = DefaultRecordBatchBuilder.estimate_size_in_bytes(record.key, record.value,
+                                                                  list(record.headers))
+    return size
