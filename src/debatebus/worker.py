@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import signal
 import socket
 import time
@@ -30,6 +29,7 @@ from typing import Any, Final, Self
 
 import msgspec
 
+from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import request_message
 from debatebus.engine.run import OnEvent
@@ -96,25 +96,13 @@ def _accepts_context(handler: Handler) -> bool:
     return isinstance(handler, DebateHandler)
 
 
-class _Backoff:
-    """Capped exponential backoff with full jitter."""
-
-    def __init__(self) -> None:
-        self.attempt = 0
-
-    def next(self) -> float:
-        ceiling = min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2 ** min(self.attempt, 16))
-        self.attempt += 1
-        return random.uniform(0, ceiling)
-
-
 class _Link:
     """The worker's view of its broker: up, or in an outage (logged once each way)."""
 
     def __init__(self, where: str) -> None:
         self.where = where
         self.up = True
-        self.backoff = _Backoff()
+        self.backoff = Backoff(_BACKOFF_BASE_S, _BACKOFF_CAP_S)
         #: Set when the link comes back, so the heartbeat says so at once.
         self.wake = asyncio.Event()
 
@@ -130,7 +118,7 @@ class _Link:
         self.up = False
 
     def back(self) -> None:
-        self.backoff.attempt = 0
+        self.backoff.reset()
         if not self.up:
             log.info("connected to the broker at %s again", self.where)
             self.up = True
@@ -613,7 +601,7 @@ class DebateBus:
         no-op), with backoff; the delivery stays in flight and kept alive meanwhile. Only the
         drain timeout ends the retries (cancelled: ``_process`` releases the delivery).
         ``MessageTooLargeError`` is raised: retrying cannot help it."""
-        backoff, failures = _Backoff(), 0
+        backoff, failures = Backoff(_BACKOFF_BASE_S, _BACKOFF_CAP_S), 0
         try:
             while True:
                 try:

@@ -250,11 +250,33 @@ class HangingStore(MemoryCheckpointStore):
 async def test_a_hanging_store_fails_the_call_naming_the_operation(hanging: tuple[str, ...],
                                                                    op: str) -> None:
     handler = make_debate(Counting()).as_handler(store=HangingStore(*hanging),
-                                                 store_timeout_s=0.2)
+                                                 store_timeout_s=0.2, store_outage_s=0.5)
     with pytest.raises(TransportError) as failed:
         await asyncio.wait_for(handler({"input": "t"}, request_id="hang"), 10)
     assert f"checkpoint store {op} for debate 'hang' did not answer within 0.2 s" in str(
         failed.value)
+
+
+async def test_a_store_outage_shorter_than_store_outage_s_is_ridden_out() -> None:
+    class Flaky(MemoryCheckpointStore):
+        """Every commit fails its first two attempts, as a store restarting would."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.failures = 0
+
+        async def append_many(self, debate_id: str, entries: list[bytes], counters: Any) -> int:
+            self.failures += 1
+            if self.failures % 3:
+                raise TransportError("store restarting")
+            return await super().append_many(debate_id, entries, counters)
+
+    counting, store = Counting(), Flaky()
+    handler = make_debate(counting).as_handler(store=store, store_outage_s=30)
+    result = await asyncio.wait_for(handler({"input": "t"}, request_id="flaky"), 30)
+    assert result["debateStatus"] == "completed"
+    assert len(counting.calls) == NEEDED  # no call paid twice for a commit that was retried
+    assert store.failures > 3
 
 
 async def test_a_hanging_renewal_is_logged_and_does_not_stop_the_debate(

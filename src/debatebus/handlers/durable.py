@@ -7,21 +7,29 @@ with zero LLM calls, provided it asks the same question (see ``checkpointing``).
 
 Each run takes the debate's lease under an owner of its own (never shared by two runs, even in one
 process), so two copies of a request can never both hold it: the second waits for the first's
-result. Every store call is bounded by ``store_timeout_s`` (``bounded``).
+result. A lease left behind by a run of this same runner (its release failed in an outage) is
+taken back at once rather than waited out: the single flight guarantees that run is over.
+
+Every store call is bounded by ``store_timeout_s`` (``bounded``). ``start``, the commits and
+``finish`` ride out a store outage of up to ``store_outage_s``, retried with backoff (each is safe
+to repeat: the same run's owner re-takes its own lease, a repeated round entry is skipped on
+restore, and ``finish`` overwrites), so a debate in flight survives a Redis restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import secrets
 import socket
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore, Opening
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import Progress
@@ -46,13 +54,22 @@ from debatebus.schemas.results import failure_fields, result_fields
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
 
-__all__ = ["DEFAULT_STORE_TIMEOUT_S", "DurableRunner", "LeaseKeeper", "bounded", "default_owner"]
+__all__ = [
+    "DEFAULT_STORE_OUTAGE_S",
+    "DEFAULT_STORE_TIMEOUT_S",
+    "DurableRunner",
+    "LeaseKeeper",
+    "bounded",
+    "default_owner",
+]
 
 log = logging.getLogger("debatebus.durable")
 
 T = TypeVar("T")
 
 DEFAULT_STORE_TIMEOUT_S = 10.0
+#: How long a debate in flight waits for its store to come back before giving up its delivery.
+DEFAULT_STORE_OUTAGE_S = 120.0
 
 
 def default_owner() -> str:
@@ -84,12 +101,17 @@ class LeaseKeeper:
         self.store_timeout_s = store_timeout_s
         self.held: dict[str, tuple[str, asyncio.Task[Any]]] = {}  # owner → (debate id, run)
         self.lost: set[str] = set()
+        #: Renewals are failing (logged once per streak, not once per debate and attempt).
+        self.failing = False
         self._loop_task: asyncio.Task[None] | None = None
 
     def track(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
         self.held[owner] = (debate_id, run)
         if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.create_task(self._renew_forever())
+            # An empty context: the loop serves every debate, so no request's log fields belong
+            # on its lines (create_task would copy the first debate's).
+            self._loop_task = asyncio.create_task(self._renew_forever(),
+                                                  context=contextvars.Context())
 
     def untrack(self, owner: str) -> bool:
         """Stop renewing; True when the lease had been lost meanwhile."""
@@ -111,8 +133,11 @@ class LeaseKeeper:
             still_ours = await bounded("renew", debate_id, self.store.renew_lease(
                 debate_id, owner, self.ttl_s), self.store_timeout_s)
         except TransportError as exc:  # the store may be back before the lease expires
-            log.warning("could not renew the lease on debate %s: %s", debate_id, exc)
+            if not self.failing:
+                log.warning("could not renew leases (retrying every %g s): %s", self.ttl_s / 3, exc)
+            self.failing = True
             return
+        self.failing = False
         if not still_ours and owner in self.held:
             log.warning("lost the lease on debate %s: stopping its run", debate_id)
             self.lost.add(owner)
@@ -124,20 +149,38 @@ class DurableRunner:
 
     def __init__(self, debate: Debate, store: CheckpointStore, *, owner: str | None = None,
                  lease_ttl_s: float = 30.0, lease_poll_s: float = 1.0,
-                 store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S) -> None:
+                 store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+                 store_outage_s: float = DEFAULT_STORE_OUTAGE_S) -> None:
         self.debate = debate
         self.store = store
         self.owner = owner or default_owner()
         self.lease_poll_s = lease_poll_s
         self.store_timeout_s = store_timeout_s
+        self.store_outage_s = store_outage_s
+        #: Every run of this runner, and no one else's, has a lease owner starting so (an owner
+        #: name given to two workers is not enough to tell their runs apart).
+        self._runs_prefix = f"{self.owner}/{secrets.token_hex(4)}/"
         self.keeper = LeaseKeeper(store, lease_ttl_s, store_timeout_s)
 
     def _bounded(self, op: str, debate_id: str, call: Awaitable[T]) -> Awaitable[T]:
         return bounded(op, debate_id, call, self.store_timeout_s)
 
+    async def _patient(self, op: str, debate_id: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A store call that rides out an outage: retried with backoff while the store fails,
+        for up to ``store_outage_s``; then its last error."""
+        loop = asyncio.get_running_loop()
+        give_up, backoff = loop.time() + self.store_outage_s, Backoff()
+        while True:
+            try:
+                return await self._bounded(op, debate_id, call())
+            except TransportError:
+                if loop.time() >= give_up:
+                    raise
+            await asyncio.sleep(backoff.next())
+
     def run_owner(self) -> str:
         """A lease owner for one run: this runner's owner and a part no other run shares."""
-        return f"{self.owner}/{secrets.token_hex(6)}"
+        return f"{self._runs_prefix}{secrets.token_hex(6)}"
 
     async def run(self, ask: Ask, on_event: OnEvent | None) -> dict[str, Any]:
         debate_id, owner = ask.debate_id, self.run_owner()
@@ -154,8 +197,9 @@ class DurableRunner:
             if isinstance(progress, str):
                 return failure_fields(debate_id, progress)
             fields = await self._run_leased(ask, owner, on_event, progress)
-            await self._bounded("finish", debate_id, self.store.finish(
-                debate_id, owner, encode_result(fields, ask.fingerprint)))
+            result = encode_result(fields, ask.fingerprint)
+            await self._patient("finish", debate_id,
+                                lambda: self.store.finish(debate_id, owner, result))
             finished = True
             return fields
         finally:
@@ -166,10 +210,15 @@ class DurableRunner:
         """Wait while another run (here or on another worker) holds the debate: never start a
         second run of it."""
         while True:
-            opening = await self._bounded("start", debate_id, self.store.start(
+            opening = await self._patient("start", debate_id, lambda: self.store.start(
                 debate_id, owner, self.keeper.ttl_s, encoded))
             if opening.result is not None or opening.acquired:
                 return opening
+            if opening.lease is not None and opening.lease.owner.startswith(self._runs_prefix):
+                # Ours, from a run that ended without releasing it (the single flight lets one
+                # run per debate id at a time): take it back instead of waiting out its ttl.
+                await self._release(debate_id, opening.lease.owner)
+                continue
             remaining = opening.lease.expires_in_s if opening.lease else 0.0
             await asyncio.sleep(min(max(remaining, 0.05), self.lease_poll_s))
 
@@ -209,8 +258,9 @@ class DurableRunner:
         async def commit(state: Progress, item: Turn | Round) -> None:
             # The framing and every round are written before the debate goes on, so a crash
             # costs at most the calls of the step it interrupted.
-            await self._bounded("append", debate_id, self.store.append_many(
-                debate_id, [encode_entry(item)], counters_of(state)))
+            entry, counters = encode_entry(item), counters_of(state)
+            await self._patient("append", debate_id,
+                                lambda: self.store.append_many(debate_id, [entry], counters))
 
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.
@@ -224,6 +274,9 @@ class DurableRunner:
         except asyncio.CancelledError:
             if self.keeper.untrack(owner) and task.uncancel() == 0:
                 raise _lease_lost(debate_id) from None
+            raise
+        except Exception:
+            self.keeper.untrack(owner)  # or its lease would be renewed, and waited on, forever
             raise
         if self.keeper.untrack(owner):  # lost as the debate ended: don't publish it
             raise _lease_lost(debate_id)

@@ -19,7 +19,11 @@ from debatebus.checkpoints.base import CheckpointStore
 from debatebus.engine.run import OnEvent
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.checkpointing import Ask
-from debatebus.handlers.durable import DEFAULT_STORE_TIMEOUT_S, DurableRunner
+from debatebus.handlers.durable import (
+    DEFAULT_STORE_OUTAGE_S,
+    DEFAULT_STORE_TIMEOUT_S,
+    DurableRunner,
+)
 from debatebus.handlers.inputs import (
     DEFAULT_MAX_INPUT_BYTES,
     read_debate_id,
@@ -83,13 +87,15 @@ class DebateHandler:
         durable: bool = True,
         lease_ttl_s: float = 30.0,
         store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
+        store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
         owner: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
     ) -> None:
         if store is not None and not durable:
             raise ConfigError("durable=False with a store: drop store= for a handler without "
                               "checkpoints, or drop durable=False to use the store")
-        for name, value in (("lease_ttl_s", lease_ttl_s), ("store_timeout_s", store_timeout_s)):
+        for name, value in (("lease_ttl_s", lease_ttl_s), ("store_timeout_s", store_timeout_s),
+                            ("store_outage_s", store_outage_s)):
             if not (value > 0 and math.isfinite(value)):  # also rejects NaN
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         self.debate = debate
@@ -97,6 +103,7 @@ class DebateHandler:
         self.max_input_bytes = max_input_bytes
         self._lease_ttl_s = lease_ttl_s
         self._store_timeout_s = store_timeout_s
+        self._store_outage_s = store_outage_s
         self._owner = owner
         self.runner: DurableRunner | None = None
         self._flights = _SingleFlight()
@@ -105,7 +112,8 @@ class DebateHandler:
 
     def _runner(self, store: CheckpointStore) -> DurableRunner:
         return DurableRunner(self.debate, store, owner=self._owner, lease_ttl_s=self._lease_ttl_s,
-                             store_timeout_s=self._store_timeout_s)
+                             store_timeout_s=self._store_timeout_s,
+                             store_outage_s=self._store_outage_s)
 
     @property
     def name(self) -> str:
