@@ -240,8 +240,11 @@ async def test_health_says_when_the_broker_cannot_be_followed(monkeypatch: pytes
     assert "cannot reach Redis" in response.json()["error"]
 
 
-def test_web_command_checks_its_arguments() -> None:
-    assert main(["web", "--broker", "memory://", "--history", "0"]) == 2
+def test_web_command_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["web", "--broker", "memory://", "--history", "0"])
+    assert exited.value.code == 2
+    assert "--history: must be a whole number ≥ 1, not '0'" in capsys.readouterr().err
 
 
 # ---- the page in headless Chromium, following a real worker on Redis -----------------------------
