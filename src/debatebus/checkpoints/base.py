@@ -9,6 +9,11 @@ every store has the same semantics and the same contract tests. Per debate id a 
   transcript, never rewriting it;
 - the final result, once the debate has ended;
 - a lease: which worker runs the debate now, until when.
+
+Every call of a store that does I/O is bounded by the store's own ``timeout_s``
+(``DEFAULT_TIMEOUT_S`` unless given): past it the call raises ``TransportError``, so no debate waits
+on a store that stopped answering. The bound lives with the I/O, where it is cheapest: the Redis
+store arms one timer per pipeline of calls, not one per call.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-__all__ = ["CheckpointStore", "Counters", "Lease", "Opening", "StoredCheckpoint"]
+__all__ = ["DEFAULT_TIMEOUT_S", "CheckpointStore", "Counters", "Lease", "Opening", "StoredCheckpoint"]
+
+#: How long a store call may take before it fails with ``TransportError`` (seconds).
+DEFAULT_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ Every operation is one round trip; the ones that must be atomic are one command 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 from typing import Any, Literal
@@ -32,6 +33,7 @@ from redis.exceptions import NoScriptError
 
 from debatebus.checkpoints._common import lease_ttl_ms, not_begun, result_ttl_ms
 from debatebus.checkpoints.base import (
+    DEFAULT_TIMEOUT_S,
     CheckpointStore,
     Counters,
     Lease,
@@ -44,7 +46,7 @@ from debatebus.transports.redis_common import (
     build_client,
     check_client,
     describe,
-    map_redis_errors,
+    redis_call,
 )
 from debatebus.transports.redis_pipeline import CommandBatcher
 
@@ -143,7 +145,8 @@ class _Scripts:
 class RedisCheckpointStore(CheckpointStore):
     """Checkpoints on Redis. ``url_or_client``: a ``redis://``/``rediss://`` URL (the store owns
     and closes its client) or a ``redis.asyncio.Redis`` built with ``decode_responses=False``
-    (the caller keeps owning it). ``result_ttl_s`` makes final results expire (None: never)."""
+    (the caller keeps owning it). ``result_ttl_s`` makes final results expire (None: never).
+    Every call is bounded by ``timeout_s``: past it, a ``TransportError`` saying so."""
 
     def __init__(
         self,
@@ -152,6 +155,7 @@ class RedisCheckpointStore(CheckpointStore):
         prefix: str = "debatebus",
         result_ttl_s: float | None = None,
         connect_timeout: float = 5.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         if isinstance(url_or_client, str):
             self._url: str | None = url_or_client
@@ -162,6 +166,7 @@ class RedisCheckpointStore(CheckpointStore):
         self.prefix = prefix
         self._result_ttl_ms = result_ttl_ms(result_ttl_s)
         self._connect_timeout = connect_timeout
+        self.timeout_s = timeout_s
         self._where = describe(self._url, self._given)
         self._conn: tuple[Redis, _Scripts] | None = None
         self._connecting = asyncio.Lock()
@@ -183,7 +188,7 @@ class RedisCheckpointStore(CheckpointStore):
     async def _open(self) -> tuple[Redis, _Scripts]:
         client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
         try:
-            with map_redis_errors(self._where):
+            async with self._bounded():
                 await client.ping()  # fail at startup, with a clear message, not mid-debate
             scripts = _Scripts(client)
             await self._load_scripts(client, scripts)
@@ -193,12 +198,12 @@ class RedisCheckpointStore(CheckpointStore):
             raise
         # The hot-path commands go through the transports' batcher: every call made by any
         # debate in one loop tick is one pipelined round trip.
-        self._batch = CommandBatcher(client, self._where, timeout=30.0)
+        self._batch = CommandBatcher(client, self._where, timeout=self.timeout_s)
         self._batch.start()
         return client, scripts
 
     async def _load_scripts(self, client: Redis, scripts: _Scripts) -> None:
-        with map_redis_errors(self._where):  # batched calls send EVALSHA only
+        async with self._bounded():  # batched calls send EVALSHA only
             for script in (scripts.start, scripts.finish, scripts.renew):
                 script.sha = await client.script_load(script.script)
 
@@ -209,6 +214,10 @@ class RedisCheckpointStore(CheckpointStore):
         conn, self._conn = self._conn, None
         if conn is not None and self._given is None:
             await conn[0].aclose()
+
+    def _bounded(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """A call that is not batched (the batcher bounds its own pipelines by ``timeout_s``)."""
+        return redis_call(self._where, self.timeout_s)
 
     def _key(self, debate_id: str) -> str:
         return f"{self.prefix}:{{{debate_id}}}:ckpt"
@@ -222,17 +231,16 @@ class RedisCheckpointStore(CheckpointStore):
     async def _send(self, *commands: tuple[Any, ...], transaction: bool = True) -> list[Any]:
         """Send commands in one round trip; as one MULTI/EXEC (nothing interleaved) by default."""
         redis, _ = await self._client()
-        with map_redis_errors(self._where):
-            async with redis.pipeline(transaction=transaction) as pipe:
-                for command in commands:
-                    pipe.execute_command(*command)
-                return await pipe.execute()
+        async with self._bounded(), redis.pipeline(transaction=transaction) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return await pipe.execute()
 
     # ---- checkpoints --------------------------------------------------------------------------
 
     async def begin(self, debate_id: str, header: bytes) -> bytes:
         _, scripts = await self._client()
-        with map_redis_errors(self._where):
+        async with self._bounded():
             return bytes(await scripts.begin(keys=[self._key(debate_id)], args=[header]))
 
     async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
@@ -306,7 +314,7 @@ class RedisCheckpointStore(CheckpointStore):
     ) -> bool:
         _, scripts = await self._client()
         script: AsyncScript = getattr(scripts, name)
-        with map_redis_errors(self._where):
+        async with self._bounded():
             reply = await script(keys=[self._lease_key(debate_id)], args=[owner, *args])
         return bool(reply)
 

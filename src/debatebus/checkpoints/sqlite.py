@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from debatebus.checkpoints._common import COUNTERS_SIZE, lease_ttl_ms, not_begun, result_ttl_ms
-from debatebus.checkpoints.base import CheckpointStore, Counters, Lease, StoredCheckpoint
+from debatebus.checkpoints.base import (
+    DEFAULT_TIMEOUT_S,
+    CheckpointStore,
+    Counters,
+    Lease,
+    StoredCheckpoint,
+)
 from debatebus.exceptions import TransportError
 
 __all__ = ["SQLiteCheckpointStore"]
@@ -97,10 +103,14 @@ def _open(path: str) -> sqlite3.Connection:
 
 
 class SQLiteCheckpointStore(CheckpointStore):
-    """Checkpoints in a SQLite file. ``result_ttl_s`` makes final results expire (None: never)."""
+    """Checkpoints in a SQLite file. ``result_ttl_s`` makes final results expire (None: never).
+    Every call is bounded by ``timeout_s`` (a file locked by another process past the busy
+    timeout, a stalled disk): past it, a ``TransportError`` saying so."""
 
-    def __init__(self, path: str | Path, *, result_ttl_s: float | None = None) -> None:
+    def __init__(self, path: str | Path, *, result_ttl_s: float | None = None,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.path = str(path)
+        self.timeout_s = timeout_s
         self._result_ttl_ms = result_ttl_ms(result_ttl_s)
         self._worker: tuple[ThreadPoolExecutor, sqlite3.Connection] | None = None
         self._connecting = asyncio.Lock()
@@ -134,7 +144,12 @@ class SQLiteCheckpointStore(CheckpointStore):
 
     async def _on(self, executor: ThreadPoolExecutor, fn: Callable[[], T]) -> T:
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn)
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.get_running_loop().run_in_executor(executor, fn)
+        except TimeoutError:
+            raise TransportError(
+                f"SQLite checkpoint store {self.path!r} did not answer within {self.timeout_s:g} s:"
+                " check the disk and whether another process holds the file locked") from None
         except sqlite3.Error as exc:
             raise TransportError(
                 f"SQLite checkpoint store {self.path!r} failed: {exc}. Check that the directory "

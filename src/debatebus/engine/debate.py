@@ -16,7 +16,7 @@ from debatebus.engine.result import DebateResult, Progress
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.run import DebateFailure, OnCommit, OnEvent, Run
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.durable import DEFAULT_STORE_OUTAGE_S, DEFAULT_STORE_TIMEOUT_S
+from debatebus.handlers.durable import DEFAULT_STORE_OUTAGE_S
 from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
 from debatebus.llm.base import LLM
 from debatebus.schemas import events as ev
@@ -148,7 +148,6 @@ class Debate:
         store: CheckpointStore | None = None,
         durable: bool = True,
         lease_ttl_s: float = 30.0,
-        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
         store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
         owner: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
@@ -158,13 +157,12 @@ class Debate:
         Durable by default: with ``store``, or, when served by ``DebateBus`` without one, with a
         store chosen from the broker URL (Redis → the same Redis; ``memory://`` → in memory;
         Kafka → none, with a warning). A direct call without ``store`` keeps no checkpoints.
-        ``durable=False`` turns checkpoints off. ``store_timeout_s`` bounds every store call;
-        ``store_outage_s`` is how long a debate in flight waits for its store to come back;
-        ``lease_ttl_s`` is how long a dead worker's debate stays locked; ``owner`` names this
-        worker in leases."""
+        ``durable=False`` turns checkpoints off. ``store_outage_s`` is how long a debate in
+        flight waits for its store to come back; ``lease_ttl_s`` is how long a dead worker's
+        debate stays locked; ``owner`` names this worker in leases."""
         from debatebus.handlers.handler import DebateHandler
 
         return DebateHandler(self, store=store, durable=durable, lease_ttl_s=lease_ttl_s,
-                             store_timeout_s=store_timeout_s, store_outage_s=store_outage_s,
+                             store_outage_s=store_outage_s,
                              owner=owner,
                              max_input_bytes=max_input_bytes)

@@ -10,10 +10,11 @@ process), so two copies of a request can never both hold it: the second waits fo
 result. A lease left behind by a run of this same runner (its release failed in an outage) is
 taken back at once rather than waited out: the single flight guarantees that run is over.
 
-Every store call is bounded by ``store_timeout_s`` (``bounded``). ``start``, the commits and
-``finish`` ride out a store outage of up to ``store_outage_s``, retried with backoff (each is safe
-to repeat: the same run's owner re-takes its own lease, a repeated round entry is skipped on
-restore, and ``finish`` overwrites), so a debate in flight survives a Redis restart.
+Every store call is bounded by the store itself (``CheckpointStore``'s ``timeout_s``). ``start``,
+the commits and ``finish`` ride out a store outage of up to ``store_outage_s``, retried with
+backoff (each is safe to repeat: the same run's owner re-takes its own lease, a repeated round
+entry is skipped on restore, and ``finish`` overwrites), so a debate in flight survives a Redis
+restart.
 """
 
 from __future__ import annotations
@@ -56,10 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STORE_OUTAGE_S",
-    "DEFAULT_STORE_TIMEOUT_S",
     "DurableRunner",
     "LeaseKeeper",
-    "bounded",
     "default_owner",
 ]
 
@@ -67,7 +66,6 @@ log = logging.getLogger("debatebus.durable")
 
 T = TypeVar("T")
 
-DEFAULT_STORE_TIMEOUT_S = 10.0
 #: How long a debate in flight waits for its store to come back before giving up its delivery.
 DEFAULT_STORE_OUTAGE_S = 120.0
 
@@ -76,29 +74,13 @@ def default_owner() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
-async def bounded(op: str, debate_id: str, call: Awaitable[T], timeout_s: float) -> T:
-    """``call`` (one checkpoint-store operation), or a TransportError after ``timeout_s``."""
-    deadline = asyncio.timeout(timeout_s)
-    try:
-        async with deadline:
-            return await call
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-        raise TransportError(
-            f"checkpoint store {op} for debate {debate_id!r} did not answer within {timeout_s} s: "
-            "check that the store is reachable (store_timeout_s on as_handler sets this limit)"
-        ) from None
-
-
 class LeaseKeeper:
     """Renews every lease this runner holds, every ttl/3, from one background task, and cancels
     the run whose lease could not be renewed. Leases are keyed by their run's own owner."""
 
-    def __init__(self, store: CheckpointStore, ttl_s: float, store_timeout_s: float) -> None:
+    def __init__(self, store: CheckpointStore, ttl_s: float) -> None:
         self.store = store
         self.ttl_s = ttl_s
-        self.store_timeout_s = store_timeout_s
         self.held: dict[str, tuple[str, asyncio.Task[Any]]] = {}  # owner → (debate id, run)
         self.lost: set[str] = set()
         #: Renewals are failing (logged once per streak, not once per debate and attempt).
@@ -130,8 +112,7 @@ class LeaseKeeper:
 
     async def _renew(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
         try:
-            still_ours = await bounded("renew", debate_id, self.store.renew_lease(
-                debate_id, owner, self.ttl_s), self.store_timeout_s)
+            still_ours = await self.store.renew_lease(debate_id, owner, self.ttl_s)
         except TransportError as exc:  # the store may be back before the lease expires
             if not self.failing:
                 log.warning("could not renew leases (retrying every %g s): %s", self.ttl_s / 3, exc)
@@ -149,34 +130,32 @@ class DurableRunner:
 
     def __init__(self, debate: Debate, store: CheckpointStore, *, owner: str | None = None,
                  lease_ttl_s: float = 30.0, lease_poll_s: float = 1.0,
-                 store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
                  store_outage_s: float = DEFAULT_STORE_OUTAGE_S) -> None:
         self.debate = debate
         self.store = store
         self.owner = owner or default_owner()
         self.lease_poll_s = lease_poll_s
-        self.store_timeout_s = store_timeout_s
         self.store_outage_s = store_outage_s
         #: Every run of this runner, and no one else's, has a lease owner starting so (an owner
         #: name given to two workers is not enough to tell their runs apart).
         self._runs_prefix = f"{self.owner}/{secrets.token_hex(4)}/"
-        self.keeper = LeaseKeeper(store, lease_ttl_s, store_timeout_s)
+        self.keeper = LeaseKeeper(store, lease_ttl_s)
 
-    def _bounded(self, op: str, debate_id: str, call: Awaitable[T]) -> Awaitable[T]:
-        return bounded(op, debate_id, call, self.store_timeout_s)
-
-    async def _patient(self, op: str, debate_id: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _patient(self, call: Callable[[], Awaitable[T]]) -> T:
         """A store call that rides out an outage: retried with backoff while the store fails,
-        for up to ``store_outage_s``; then its last error."""
-        loop = asyncio.get_running_loop()
-        give_up, backoff = loop.time() + self.store_outage_s, Backoff()
+        for up to ``store_outage_s``; then its last error. (The store bounds each attempt.)"""
+        try:
+            return await call()
+        except TransportError:
+            loop = asyncio.get_running_loop()
+            give_up, backoff = loop.time() + self.store_outage_s, Backoff()
         while True:
+            await asyncio.sleep(backoff.next())
             try:
-                return await self._bounded(op, debate_id, call())
+                return await call()
             except TransportError:
                 if loop.time() >= give_up:
                     raise
-            await asyncio.sleep(backoff.next())
 
     def run_owner(self) -> str:
         """A lease owner for one run: this runner's owner and a part no other run shares."""
@@ -198,8 +177,7 @@ class DurableRunner:
                 return failure_fields(debate_id, progress)
             fields = await self._run_leased(ask, owner, on_event, progress)
             result = encode_result(fields, ask.fingerprint)
-            await self._patient("finish", debate_id,
-                                lambda: self.store.finish(debate_id, owner, result))
+            await self._patient(lambda: self.store.finish(debate_id, owner, result))
             finished = True
             return fields
         finally:
@@ -210,7 +188,7 @@ class DurableRunner:
         """Wait while another run (here or on another worker) holds the debate: never start a
         second run of it."""
         while True:
-            opening = await self._patient("start", debate_id, lambda: self.store.start(
+            opening = await self._patient(lambda: self.store.start(
                 debate_id, owner, self.keeper.ttl_s, encoded))
             if opening.result is not None or opening.acquired:
                 return opening
@@ -224,7 +202,7 @@ class DurableRunner:
 
     async def _release(self, debate_id: str, owner: str) -> None:
         with contextlib.suppress(TransportError):
-            await self._bounded("release", debate_id, self.store.release_lease(debate_id, owner))
+            await self.store.release_lease(debate_id, owner)
 
     def _header(self, ask: Ask) -> CheckpointHeader:
         return CheckpointHeader(
@@ -259,8 +237,7 @@ class DurableRunner:
             # The framing and every round are written before the debate goes on, so a crash
             # costs at most the calls of the step it interrupted.
             entry, counters = encode_entry(item), counters_of(state)
-            await self._patient("append", debate_id,
-                                lambda: self.store.append_many(debate_id, [entry], counters))
+            await self._patient(lambda: self.store.append_many(debate_id, [entry], counters))
 
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.

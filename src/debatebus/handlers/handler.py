@@ -21,7 +21,6 @@ from debatebus.exceptions import ConfigError
 from debatebus.handlers.checkpointing import Ask
 from debatebus.handlers.durable import (
     DEFAULT_STORE_OUTAGE_S,
-    DEFAULT_STORE_TIMEOUT_S,
     DurableRunner,
 )
 from debatebus.handlers.inputs import (
@@ -86,7 +85,6 @@ class DebateHandler:
         store: CheckpointStore | None = None,
         durable: bool = True,
         lease_ttl_s: float = 30.0,
-        store_timeout_s: float = DEFAULT_STORE_TIMEOUT_S,
         store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
         owner: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
@@ -94,15 +92,13 @@ class DebateHandler:
         if store is not None and not durable:
             raise ConfigError("durable=False with a store: drop store= for a handler without "
                               "checkpoints, or drop durable=False to use the store")
-        for name, value in (("lease_ttl_s", lease_ttl_s), ("store_timeout_s", store_timeout_s),
-                            ("store_outage_s", store_outage_s)):
+        for name, value in (("lease_ttl_s", lease_ttl_s), ("store_outage_s", store_outage_s)):
             if not (value > 0 and math.isfinite(value)):  # also rejects NaN
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         self.debate = debate
         self.durable = durable
         self.max_input_bytes = max_input_bytes
         self._lease_ttl_s = lease_ttl_s
-        self._store_timeout_s = store_timeout_s
         self._store_outage_s = store_outage_s
         self._owner = owner
         self.runner: DurableRunner | None = None
@@ -112,7 +108,6 @@ class DebateHandler:
 
     def _runner(self, store: CheckpointStore) -> DurableRunner:
         return DurableRunner(self.debate, store, owner=self._owner, lease_ttl_s=self._lease_ttl_s,
-                             store_timeout_s=self._store_timeout_s,
                              store_outage_s=self._store_outage_s)
 
     @property
