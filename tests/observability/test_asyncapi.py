@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -29,12 +31,13 @@ from referencing.jsonschema import DRAFT7
 from tests.bus.conftest import make_debate, running
 
 from debatebus.cli import main
-from debatebus.exceptions import InputError
+from debatebus.exceptions import ConfigError, InputError
 from debatebus.handlers.inputs import read_debate_id, read_max_rounds, read_replay, read_topic
 from debatebus.schemas.asyncapi import build_asyncapi
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.schemas.results import DEBATE_FIELDS
 from debatebus.transports import Outgoing, dlq_topic
+from debatebus.transports.kafka import kafka_topic
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import EVENTS_TOPIC, DebateBus
 
@@ -128,9 +131,8 @@ def test_channels_operations_and_bindings() -> None:
         "debate:events": "debate.events",
         "orders:review:dlq": "orders.review.dlq",
     }
-    kafka = pytest.importorskip("debatebus.transports.kafka")
     for channel in channels.values():  # the same names the Kafka transport uses
-        assert channel["bindings"]["kafka"]["topic"] == kafka.kafka_topic(channel["address"])
+        assert channel["bindings"]["kafka"]["topic"] == kafka_topic(channel["address"])
     actions = {name: op["action"] for name, op in document["operations"].items()}
     assert actions == {"receiveDebateRequest": "receive", "sendDebateCompleted": "send",
                        "sendDebateFailed": "send", "sendDebateEvents": "send",
@@ -160,6 +162,83 @@ def test_message_examples_match_their_payload_schemas() -> None:
             assert error is None, f"{name} example {example['name']}: {error.message}"
             checked += 1
     assert checked == 3
+
+
+def test_the_schemas_import_without_aiokafka() -> None:
+    """The document names Kafka topics with the transport's own function, yet a Redis-only
+    install (no kafka extra) must still build it."""
+    code = ("import sys; import debatebus.schemas.asyncapi as a; a.build_asyncapi(); "
+            "sys.exit('aiokafka' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_an_event_type_kafka_cannot_carry_has_no_kafka_binding() -> None:
+    document = build_asyncapi("orders/review")  # fine on Redis; Kafka forbids '/'
+    assert "bindings" not in document["channels"]["debateRequest"]
+    assert_valid_asyncapi(document)
+
+
+# ---- the document of an app ------------------------------------------------------------------------
+
+
+async def echo(payload: dict[str, Any]) -> dict[str, Any]:
+    return dict(payload)
+
+
+def two_routes() -> DebateBus:
+    """An app with a debate and a plain handler, publishing no events (the CLI loads it)."""
+    app = DebateBus(MemoryTransport(MemoryBroker()), group="reviewers")
+    app.subscribe("orders:review", make_debate().as_handler())
+    app.subscribe("orders:echo", echo)
+    return app
+
+
+def test_app_with_one_debate_route_gets_the_default_document() -> None:
+    app = DebateBus(MemoryTransport(MemoryBroker()), publish_events=True)
+    app.subscribe("orders:review", make_debate().as_handler())
+    assert build_asyncapi(app) == build_asyncapi("orders:review")
+
+
+def test_app_document_has_each_route_its_group_and_no_events_unless_published() -> None:
+    document = build_asyncapi(two_routes())
+    assert_valid_asyncapi(document)
+    addresses = {name: c["address"] for name, c in document["channels"].items()}
+    assert addresses == {
+        "debateRequest_orders.review": "orders:review",
+        "debateCompleted_orders.review": "event:orders:review:completed",
+        "debateFailed_orders.review": "event:orders:review:failed",
+        "debateRequestDlq_orders.review": "orders:review:dlq",
+        "debateRequest_orders.echo": "orders:echo",
+        "debateCompleted_orders.echo": "event:orders:echo:completed",
+        "debateFailed_orders.echo": "event:orders:echo:failed",
+        "debateRequestDlq_orders.echo": "orders:echo:dlq",
+    }
+    messages = document["components"]["messages"]
+    assert "TurnCompleted" not in messages  # no events channel, so no event messages
+    echo_request = document["channels"]["debateRequest_orders.echo"]["messages"]["debateRequest"]
+    assert resolve(document, echo_request["$ref"])["payload"] == {
+        "$ref": "#/components/schemas/Envelope"}  # a plain handler takes any payload object
+    review = document["channels"]["debateRequest_orders.review"]["messages"]["debateRequest"]
+    assert review["$ref"] == "#/components/messages/DebateRequest"
+    receive = document["operations"]["receiveDebateRequest_orders.echo"]
+    assert receive["bindings"]["kafka"]["groupId"]["enum"] == ["reviewers"]
+    assert len(document["operations"]) == 8
+    for ref in refs(document):
+        assert isinstance(resolve(document, ref), dict), ref
+
+
+def test_app_document_has_its_own_events_channel() -> None:
+    app = DebateBus(MemoryTransport(MemoryBroker()), publish_events=True, events_topic="ops:steps")
+    app.subscribe("orders:review", make_debate().as_handler())
+    document = build_asyncapi(app)
+    assert document["channels"]["debateEvents"]["address"] == "ops:steps"
+    assert document["channels"]["debateEvents"]["bindings"]["kafka"]["topic"] == "ops.steps"
+    assert_valid_asyncapi(document)
+
+
+def test_app_without_routes_is_refused() -> None:
+    with pytest.raises(ConfigError, match="no handler"):
+        build_asyncapi(DebateBus(MemoryTransport(MemoryBroker())))
 
 
 # ---- the request payload schema -------------------------------------------------------------------
@@ -285,3 +364,11 @@ def test_cli_prints_json_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: 
     written = yaml.safe_load(out.read_text("utf-8"))
     assert written["channels"]["debateRequest"]["address"] == "orders:review"
     assert_valid_asyncapi(written)
+
+
+def test_cli_documents_an_app(capsys: pytest.CaptureFixture[str]) -> None:
+    app = "tests.observability.test_asyncapi:two_routes"
+    assert main(["asyncapi", app, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == build_asyncapi(two_routes())
+    assert main(["asyncapi", app, "--event-type", "orders:review"]) != 0
+    assert "not both" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -28,7 +29,7 @@ from tests.support.servers import TansuServer, free_port
 from tests.transports.test_contract import Reader
 
 import debatebus
-from debatebus.exceptions import TransportError
+from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.kafka import (
     DELIVERIES_HEADER,
@@ -39,8 +40,8 @@ from debatebus.transports.kafka import (
     KafkaTransport,
     kafka_topic,
 )
-from debatebus.transports.kafka_group import _Partition
-from debatebus.transports.kafka_readers import _time_starts
+from debatebus.transports.kafka.offsets import Partition
+from debatebus.transports.kafka.readers import time_starts
 
 pytestmark = pytest.mark.kafka
 
@@ -118,7 +119,7 @@ async def test_confluent_consumer_reads_what_we_publish(kafka: KafkaTransport, t
     body = b'{"requestId":"r-1","payload":{"input":"\xc3\xa9t\xc3\xa9?"}}'
     await kafka.publish(Outgoing(topic, body, key="r-1", headers={"x-trace": "t-9"}))
     message = await asyncio.to_thread(confluent_read_one, tansu_server.bootstrap,
-                                      kafka_topic(topic), kafka.partitions)
+                                      kafka_topic(topic), kafka.settings.partitions)
     assert message.topic() == topic.replace(":", ".")
     assert message.value() == body
     assert message.key() == b"r-1"
@@ -174,7 +175,7 @@ async def test_out_of_order_acks_commit_only_the_contiguous_prefix(
 
 
 def test_partition_bookkeeping_skips_offset_gaps_and_forgets_unhanded_tail() -> None:
-    part = _Partition()
+    part = Partition()
     for offset in (5, 7, 8, 9):  # 6 is a gap (a transaction marker, a compacted record)
         part.add(offset)
     assert part.settle(7)
@@ -381,9 +382,31 @@ async def test_time_index_answers_are_checked(answer: int | None, at: int, start
     tp = TopicPartition("t", 0)
     t = KafkaTransport("127.0.0.1:1")  # never connects: the reader is a stand-in
     reader = TimeIndex([100, 200, 300, 400], answer)
-    starts = await _time_starts(reader, [tp], at, {tp: 0}, {tp: 4}, servers=t.servers,
-                                timeout=t.request_timeout)
+    starts = await time_starts(reader, [tp], at, {tp: 0}, {tp: 4}, servers=t.settings.servers,
+                               timeout=t.settings.request_timeout)
     assert starts == {tp: start}
+
+
+# -- settings -----------------------------------------------------------------------------------
+
+
+def test_constructor_arguments_become_frozen_settings() -> None:
+    t = KafkaTransport([" h1:9092, h2:9093", "h3:9094"], partitions=2, session_timeout_ms=4000,
+                       revoke_grace_ms=1500, fetch_max_wait_ms=50)
+    settings = t.settings
+    assert settings.servers == "h1:9092,h2:9093,h3:9094"
+    assert (settings.partitions, settings.revoke_grace) == (2, 1.5)
+    assert settings.group_options["rebalance_timeout_ms"] == 5500  # session + grace
+    assert settings.fetch_options == {"fetch_max_wait_ms": 50}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.partitions = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("servers", "options"), [(" , ", {}), ("h:1", {"partitions": 0}),
+                                                  ("h:1", {"replication_factor": 0})])
+def test_bad_settings_raise_config_error(servers: str, options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        KafkaTransport(servers, **options)
 
 
 # -- unreachable brokers -------------------------------------------------------------------------

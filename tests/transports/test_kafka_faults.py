@@ -9,40 +9,23 @@ broker's refusal is checked against the error mapping alone.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import subprocess
-import tempfile
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
-from tests.support.servers import TansuServer, free_port, tansu_binary, wait_for_port
+from tests.support.servers import TansuServer
+from tests.transports import test_kafka_extra as extra
 from tests.transports.test_contract import Reader
 from tests.transports.test_kafka_extra import GROUP_OPTIONS, WAIT, committed
 
 from debatebus.exceptions import MessageTooLargeError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.kafka import DELIVERIES_HEADER, KafkaTransport
-from debatebus.transports.kafka_errors import _producing
+from debatebus.transports.kafka.errors import producing
 
 pytestmark = pytest.mark.kafka
 
-
-@pytest.fixture
-def make(tansu_server: TansuServer) -> Callable[..., KafkaTransport]:
-    def build(**options: Any) -> KafkaTransport:
-        return KafkaTransport(tansu_server.bootstrap, **{**GROUP_OPTIONS, **options})
-
-    return build
-
-
-@pytest.fixture
-def group() -> str:
-    return f"g-{uuid.uuid4().hex[:8]}"
+make, group = extra.make, extra.group  # the same fixtures
 
 
 async def records_in(t: KafkaTransport, topic: str) -> int:
@@ -101,7 +84,7 @@ async def test_too_large_publish_and_dead_letter_raise(make: Callable[..., Kafka
 @pytest.mark.parametrize("refusal", [MessageSizeTooLargeError, RecordListTooLargeError])
 def test_broker_refusing_a_record_as_too_large_is_message_too_large(refusal: type) -> None:
     with pytest.raises(MessageTooLargeError, match="the broker refused it") as caught, \
-            _producing("debate.request", "b:9092", size=900_000, limit=1_048_576):
+            producing("debate.request", "b:9092", size=900_000, limit=1_048_576):
         raise refusal()
     assert (caught.value.size, caught.value.limit) == (900_000, 1_048_576)
     assert isinstance(caught.value.__cause__, refusal)
@@ -217,40 +200,14 @@ async def test_consume_again_takes_over_the_deliveries_in_flight(
 # -- broker outage -------------------------------------------------------------------------------
 
 
-class RestartableTansu(TansuServer):
-    """A private memory-only Tansu that can be SIGKILLed and started again on the same port."""
-
-    @classmethod
-    def start(cls) -> RestartableTansu:
-        server = cls(free_port(), Path(tempfile.mkdtemp(prefix="debatebus-tansu-restart-")))
-        server.spawn()
-        return server
-
-    def spawn(self) -> None:
-        url = f"tcp://127.0.0.1:{self.port}"
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE")}
-        with (self.dir / "tansu.log").open("ab") as log:
-            self.proc = subprocess.Popen(
-                [str(tansu_binary()), "broker", "--listener-url", url,
-                 "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
-                cwd=self.dir, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait_for_port(self.port, proc=self.proc)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
-
-
 @pytest.fixture
-def restartable() -> Iterator[RestartableTansu]:
-    server = RestartableTansu.start()
+def restartable() -> Iterator[TansuServer]:
+    """A private memory-only Tansu, to kill and start again on the same port."""
+    server = TansuServer.start()
     try:
         yield server
     finally:
         server.stop()
-        shutil.rmtree(server.dir, ignore_errors=True)
 
 
 async def ack_until_it_lands(t: KafkaTransport, d: Delivery, results: list[Outgoing]) -> None:
@@ -273,7 +230,7 @@ async def collect(reader: Reader, t: KafkaTransport, n: int, results: str) -> li
     return sorted(bodies)
 
 
-async def test_tansu_killed_and_restarted_on_the_same_port(restartable: RestartableTansu,
+async def test_tansu_killed_and_restarted_on_the_same_port(restartable: TansuServer,
                                                            topic: str, group: str) -> None:
     results = f"event:{topic}:completed"
     options = {**GROUP_OPTIONS, "request_timeout": 5.0}
@@ -284,9 +241,9 @@ async def test_tansu_killed_and_restarted_on_the_same_port(restartable: Restarta
             await worker.publish(Outgoing(topic, f"pre{i}".encode(), key=f"pre{i}"))
         assert await collect(reader, worker, 5, results) == [f"pre{i}".encode() for i in range(5)]
 
-        restartable.kill()  # memory storage: topics, records, groups and offsets are gone
+        restartable.kill9()  # memory storage: topics, records, groups and offsets are gone
         await asyncio.sleep(1.0)
-        restartable.spawn()
+        restartable.restart_same_port()
         await asyncio.sleep(3.0)  # the worker's group notices and rejoins; a publisher starts
         async with KafkaTransport(restartable.bootstrap, **options) as publisher:
             for i in range(6):  # from a new publisher, and from the transport that lived through

@@ -20,9 +20,13 @@ _WEB_MODULES = ("starlette", "uvicorn")
 
 def add_parser(sub: Any) -> None:
     asyncapi = sub.add_parser("asyncapi", help="print the AsyncAPI 3.0 document of the bus")
+    asyncapi.add_argument("app", nargs="?",
+                          help="module:attribute of a DebateBus (or a function returning one) to "
+                               "document its routes; without it, a worker serving --event-type")
     asyncapi.add_argument("--format", choices=("yaml", "json"), default="yaml")
-    asyncapi.add_argument("--event-type", default="debate:request",
-                          help="the request event type the workers serve (default debate:request)")
+    asyncapi.add_argument("--event-type",
+                          help="without an app: the request event type the workers serve "
+                               "(default debate:request)")
     asyncapi.add_argument("--output", "-o", help="write to this file instead of standard output")
     asyncapi.set_defaults(func=_asyncapi)
 
@@ -50,9 +54,13 @@ def render_asyncapi(document: dict[str, Any], fmt: str) -> str:
 
 
 async def _asyncapi(args: argparse.Namespace) -> int:
+    from debatebus.cli.bus_cmds import load_app
     from debatebus.schemas.asyncapi import build_asyncapi
 
-    text = render_asyncapi(build_asyncapi(args.event_type), args.format)
+    if args.app and args.event_type:
+        raise ConfigError("give an app or --event-type, not both: the app names its event types")
+    source = load_app(args.app) if args.app else args.event_type or "debate:request"
+    text = render_asyncapi(build_asyncapi(source), args.format)
     if args.output:
         await asyncio.to_thread(Path(args.output).write_text, text, "utf-8")
     else:

@@ -1,5 +1,7 @@
 """The AsyncAPI 3.0 document of a debatebus worker, so other teams can discover and generate clients.
 
+Built from a ``DebateBus`` app (its routes, events channel and group: ``debatebus asyncapi
+module:app``), or for a worker serving one debate event type with the default settings.
 Message schemas come from the msgspec structs the worker really encodes and decodes, so the
 document cannot drift from the wire. The structs below add what the generic ones leave open: the
 request payload (``Envelope.payload`` is any object) and the result payload (``result_fields``).
@@ -7,6 +9,8 @@ request payload (``Envelope.payload`` is any object) and the result payload (``r
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -14,12 +18,22 @@ from msgspec import UNSET, Meta, UnsetType
 
 from debatebus import __version__
 from debatebus.engine.transcript import Round
+from debatebus.exceptions import ConfigError
+from debatebus.handlers.handler import DebateHandler
 from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
 from debatebus.schemas.envelope import Envelope, completed_topic, failed_topic
 from debatebus.schemas.events import EVENT_TYPES, DebateEvent
 from debatebus.schemas.usage import TokenUsage
 from debatebus.transports.base import dlq_topic
-from debatebus.worker import DEFAULT_GROUP, EVENTS_TOPIC
+from debatebus.transports.kafka.names import (
+    DELIVERIES_HEADER,
+    ORIGIN_HEADER,
+    ORIGIN_OFFSET_HEADER,
+    ORIGIN_PARTITION_HEADER,
+    REASON_HEADER,
+    kafka_topic,
+)
+from debatebus.worker import DEFAULT_GROUP, EVENTS_TOPIC, DebateBus
 
 __all__ = [
     "ASYNCAPI_VERSION",
@@ -28,7 +42,6 @@ __all__ = [
     "RequestPayload",
     "ResultPayload",
     "build_asyncapi",
-    "kafka_topic_name",
     "schema_components",
 ]
 
@@ -95,12 +108,12 @@ class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
 
 
 class DeadLetterHeaders(msgspec.Struct, omit_defaults=True, rename={
-    "reason": "x-debatebus-reason",
-    "origin": "x-debatebus-origin",
+    "reason": REASON_HEADER,
+    "origin": ORIGIN_HEADER,
     "origin_id": "x-debatebus-origin-id",
-    "origin_partition": "x-debatebus-origin-partition",
-    "origin_offset": "x-debatebus-origin-offset",
-    "deliveries": "x-debatebus-deliveries",
+    "origin_partition": ORIGIN_PARTITION_HEADER,
+    "origin_offset": ORIGIN_OFFSET_HEADER,
+    "deliveries": DELIVERIES_HEADER,
 }):
     """Headers a dead letter carries besides the original message's own (all strings)."""
 
@@ -190,12 +203,16 @@ def schema_components() -> dict[str, Any]:
     return dict(_asyncapi_discriminators(schemas))
 
 
-def kafka_topic_name(event_type: str) -> str:
-    """Kafka forbids ``:`` in topic names; the Kafka transport uses ``.`` instead."""
-    return event_type.replace(":", ".")
-
-
 # ---- document ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """One event type the worker serves, as the document names its channels and operations."""
+
+    event_type: str
+    debate: bool  # a DebateHandler (debate payloads), or any other handler (any object)
+    suffix: str  # "" when it is the only route; otherwise what tells its ids apart
 
 
 def _ref(path: str) -> dict[str, str]:
@@ -203,7 +220,12 @@ def _ref(path: str) -> dict[str, str]:
 
 
 def _kafka_channel(address: str) -> dict[str, Any]:
-    return {"kafka": {"topic": kafka_topic_name(address), "bindingVersion": KAFKA_BINDING}}
+    """The channel's Kafka binding; none for an event type Kafka cannot carry (Redis can)."""
+    try:
+        topic = kafka_topic(address)
+    except ConfigError:
+        return {}
+    return {"kafka": {"topic": topic, "bindingVersion": KAFKA_BINDING}}
 
 
 def _kafka_key(description: str) -> dict[str, Any]:
@@ -238,7 +260,7 @@ def _result_example(status: str) -> dict[str, Any]:
     }
 
 
-def _info() -> dict[str, Any]:
+def _info(events_topic: str) -> dict[str, Any]:
     return {
         "title": "debatebus",
         "version": __version__,
@@ -246,7 +268,7 @@ def _info() -> dict[str, Any]:
             "Multi-agent LLM debates served as event handlers. A producer publishes a debate "
             "request; a worker runs the debate and publishes the result on "
             "`event:{type}:completed` or `event:{type}:failed` with the request's requestId, and "
-            "(when started with publish_events) each step of the debate on `debate:events`. "
+            f"(when started with publish_events) each step of the debate on `{events_topic}`. "
             "Messages that cannot even be read go to the dead-letter channel `{type}:dlq`.\n\n"
             "Wire formats: on Redis Streams a message is a stream entry whose field `envelope` "
             "holds the JSON body (plus `key` and `headers`, a JSON object, when present); on "
@@ -282,13 +304,14 @@ def _servers() -> dict[str, Any]:
 
 
 def _channel(address: str, title: str, description: str, messages: dict[str, str]) -> dict[str, Any]:
-    return {
+    channel = {
         "address": address,
         "title": title,
         "description": description,
         "messages": {key: _ref(f"#/components/messages/{name}") for key, name in messages.items()},
-        "bindings": _kafka_channel(address),
     }
+    bindings = _kafka_channel(address)
+    return {**channel, "bindings": bindings} if bindings else channel
 
 
 def _event_message_keys() -> dict[str, str]:
@@ -296,28 +319,36 @@ def _event_message_keys() -> dict[str, str]:
     return {str(cls.__struct_config__.tag): cls.__name__ for cls in EVENT_TYPES}
 
 
-def _channels(event_type: str) -> dict[str, Any]:
+def _route_channels(route: _Route) -> dict[str, Any]:
+    event_type, s = route.event_type, route.suffix
+    served = "debates" if route.debate else "requests"
+    requests = "Debate requests" if route.debate else "Requests"
     return {
-        "debateRequest": _channel(
-            event_type, "Debate requests", "Producers publish here; workers consume it as a group.",
-            {"debateRequest": "DebateRequest"}),
-        "debateCompleted": _channel(
-            completed_topic(event_type), "Completed debates",
-            "The result of each request whose debate completed (or was replayed).",
-            {"debateCompleted": "DebateRequestCompleted"}),
-        "debateFailed": _channel(
-            failed_topic(event_type), "Failed debates",
+        f"debateRequest{s}": _channel(
+            event_type, f"{requests}{s and f' ({event_type})'}",
+            "Producers publish here; workers consume it as a group.",
+            {"debateRequest": "DebateRequest" if route.debate else "Request"}),
+        f"debateCompleted{s}": _channel(
+            completed_topic(event_type), f"Completed {served}",
+            "The result of each request whose debate completed (or was replayed)." if route.debate
+            else "The handler's result for each request it answered.",
+            {"debateCompleted": "DebateRequestCompleted" if route.debate else "Result"}),
+        f"debateFailed{s}": _channel(
+            failed_topic(event_type), f"Failed {served}",
             "The result of each request that failed: bad input, or a debate that could not finish.",
             {"debateFailed": "DebateRequestFailed"}),
-        "debateEvents": _channel(
-            EVENTS_TOPIC, "Debate events",
-            "Every step of every debate as it happens, in order per debate (seq), when the worker "
-            "runs with publish_events.", _event_message_keys()),
-        "debateRequestDlq": _channel(
+        f"debateRequestDlq{s}": _channel(
             dlq_topic(event_type), "Dead letters",
             "Requests that could not be read (not JSON, no requestId) or were delivered too many "
             "times, with their original bytes untouched.", {"deadLetter": "DeadLetter"}),
     }
+
+
+def _events_channel(events_topic: str) -> dict[str, Any]:
+    return {"debateEvents": _channel(
+        events_topic, "Debate events",
+        "Every step of every debate as it happens, in order per debate (seq), when the worker "
+        "runs with publish_events.", _event_message_keys())}
 
 
 def _operation(action: str, channel: str, keys: list[str], summary: str) -> dict[str, Any]:
@@ -329,24 +360,33 @@ def _operation(action: str, channel: str, keys: list[str], summary: str) -> dict
     }
 
 
-def _operations() -> dict[str, Any]:
-    receive = _operation("receive", "debateRequest", ["debateRequest"],
-                         "A worker runs a debate for each request.")
+def _route_operations(route: _Route, group: str) -> dict[str, Any]:
+    s = route.suffix
+    receive = _operation("receive", f"debateRequest{s}", ["debateRequest"],
+                         "A worker runs a debate for each request." if route.debate
+                         else "A worker runs its handler for each request.")
     receive["bindings"] = {"kafka": {
-        "groupId": {"type": "string", "enum": [DEFAULT_GROUP], "description": "The default group."},
+        "groupId": {"type": "string", "enum": [group], "description": "The default group."
+                    if group == DEFAULT_GROUP else "The worker's group."},
         "bindingVersion": KAFKA_BINDING,
     }}
     return {
-        "receiveDebateRequest": receive,
-        "sendDebateCompleted": _operation("send", "debateCompleted", ["debateCompleted"],
-                                          "The worker publishes a completed debate's result."),
-        "sendDebateFailed": _operation("send", "debateFailed", ["debateFailed"],
-                                       "The worker publishes a failed request's result."),
-        "sendDebateEvents": _operation("send", "debateEvents", list(_event_message_keys()),
-                                       "The worker publishes each debate's events as they happen."),
-        "sendDeadLetter": _operation("send", "debateRequestDlq", ["deadLetter"],
-                                     "The worker dead-letters a request it cannot read."),
+        f"receiveDebateRequest{s}": receive,
+        f"sendDebateCompleted{s}": _operation("send", f"debateCompleted{s}", ["debateCompleted"],
+                                              "The worker publishes a completed request's result."
+                                              if not route.debate else
+                                              "The worker publishes a completed debate's result."),
+        f"sendDebateFailed{s}": _operation("send", f"debateFailed{s}", ["debateFailed"],
+                                           "The worker publishes a failed request's result."),
+        f"sendDeadLetter{s}": _operation("send", f"debateRequestDlq{s}", ["deadLetter"],
+                                         "The worker dead-letters a request it cannot read."),
     }
+
+
+def _events_operation() -> dict[str, Any]:
+    return {"sendDebateEvents": _operation(
+        "send", "debateEvents", list(_event_message_keys()),
+        "The worker publishes each debate's events as they happen.")}
 
 
 def _result_message(status: str, summary: str) -> dict[str, Any]:
@@ -374,7 +414,14 @@ def _event_message(cls: type[msgspec.Struct]) -> dict[str, Any]:
     }
 
 
-def _messages() -> dict[str, Any]:
+def _envelope_message(name: str, title: str, summary: str) -> dict[str, Any]:
+    """A message of a handler that is not a debate: any payload object in the envelope."""
+    return {"name": name, "title": title, "summary": summary, "contentType": _JSON,
+            "payload": _ref("#/components/schemas/Envelope"), "correlationId": _CORRELATION,
+            "bindings": _REQUEST_KEY}
+
+
+def _messages(routes: list[_Route], events: bool) -> dict[str, Any]:
     messages: dict[str, Any] = {
         "DebateRequest": {
             "name": "debate_request",
@@ -401,19 +448,62 @@ def _messages() -> dict[str, Any]:
             "x-debatebus-redis-entry": _ref("#/components/schemas/RedisDeadLetterEntry"),
         },
     }
-    messages.update({cls.__name__: _event_message(cls) for cls in EVENT_TYPES})
+    if not all(route.debate for route in routes):
+        messages.update(
+            Request=_envelope_message("request", "Request", "A request to a handler that is "
+                                      "not a debate: its payload is any JSON object."),
+            Result=_envelope_message("result", "Result", "That handler's result: its payload "
+                                     "is the object the handler returned."))
+    if events:
+        messages.update({cls.__name__: _event_message(cls) for cls in EVENT_TYPES})
     return messages
 
 
-def build_asyncapi(event_type: str = "debate:request") -> dict[str, Any]:
-    """The AsyncAPI 3.0 document of a worker serving ``event_type`` (channels are derived)."""
+def _routes(app: DebateBus) -> list[_Route]:
+    """The app's routes in subscription order, each with ids of its own (a suffix from its event
+    type) unless it is the only one."""
+    if not app.routes:
+        raise ConfigError("the app subscribes no handler: there is nothing to document")
+    if len(app.routes) == 1:
+        ((event_type, route),) = app.routes.items()
+        return [_Route(event_type, isinstance(route.handler, DebateHandler), "")]
+    routes: dict[str, _Route] = {}
+    for event_type, route in app.routes.items():
+        suffix = "_" + re.sub(r"[^A-Za-z0-9.-]", "_", event_type.replace(":", "."))
+        if suffix in routes:
+            raise ConfigError(f"event types {routes[suffix].event_type!r} and {event_type!r} "
+                              "would share AsyncAPI channel ids: rename one of them")
+        routes[suffix] = _Route(event_type, isinstance(route.handler, DebateHandler), suffix)
+    return list(routes.values())
+
+
+def build_asyncapi(source: str | DebateBus = "debate:request") -> dict[str, Any]:
+    """The AsyncAPI 3.0 document of a ``DebateBus`` app: each event type it subscribes, with its
+    completed, failed and dead-letter channels, and its events channel if it publishes events.
+    Given an event type instead: a worker serving debates on it with the default group and
+    events channel (channels are derived)."""
+    if isinstance(source, DebateBus):
+        routes = _routes(source)
+        events_topic = source.events_topic if source.publish_events else None
+        group = source.group
+    else:
+        routes, events_topic, group = [_Route(source, True, "")], EVENTS_TOPIC, DEFAULT_GROUP
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    for route in routes:
+        channels.update(_route_channels(route))
+        operations.update(_route_operations(route, group))
+    if events_topic is not None:
+        channels.update(_events_channel(events_topic))
+        operations.update(_events_operation())
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "id": "urn:debatebus",
-        "info": _info(),
+        "info": _info(events_topic or EVENTS_TOPIC),
         "defaultContentType": _JSON,
         "servers": _servers(),
-        "channels": _channels(event_type),
-        "operations": _operations(),
-        "components": {"schemas": schema_components(), "messages": _messages()},
+        "channels": channels,
+        "operations": operations,
+        "components": {"schemas": schema_components(),
+                       "messages": _messages(routes, events_topic is not None)},
     }

@@ -1,14 +1,18 @@
 """Kafka transport on aiokafka: one topic per event type, one consumer group per worker pool.
 
-Wire format: see ``kafka_wire``. Topics are created with the admin client before first use, never
+Wire format: see ``wire`` and ``names``. Topics are created with the admin client before first use, never
 left to broker auto-creation (which would pick its own partition count).
 
 Delivery is at-least-once. Kafka acknowledges by committing an offset per partition, not per
 message, and a worker finishes debates out of order, so an offset is committed only when every
 record before it in its partition is settled, and only after that record's results were produced.
-A crash between producing results and committing redelivers the request; the handler layer
-dedups by request id. aiokafka's idempotent producer and transactions are not used: Tansu (the
-test broker) has neither, and exactly-once could not cover the LLM calls anyway.
+A crash between producing results and committing redelivers the request. A ``DebateHandler``
+with a checkpoint store answers it again from the store (keyed by debate id, the request id by
+default) instead of running the debate twice. On Kafka no store is chosen by default (on Redis
+the broker's own is): give the handler one (``store=``), or the worker logs a WARNING at start and
+a redelivered request runs again and publishes a second result. aiokafka's idempotent producer
+and transactions are not used: Tansu (the test broker) has neither, and exactly-once could not
+cover the LLM calls anyway.
 
 A record too large to produce (results, a dead letter, a publish) raises
 ``MessageTooLargeError`` before anything of that call is produced, and leaves the delivery
@@ -18,7 +22,7 @@ beginning of its new logs.
 
 How a consumer stays in its group however long a debate takes, how a released or requeued
 delivery is handed out again, and how closing a ``consume()`` iterator lets in-flight deliveries
-still commit: see ``kafka_group``.
+still commit: see ``group``.
 """
 
 from __future__ import annotations
@@ -36,48 +40,32 @@ from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError, for_c
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport
-from debatebus.transports.kafka_errors import (
-    _kafka_errors,
-    _lost_topic,
-    _producing,
-    _quietly,
-    _too_large,
+from debatebus.transports.kafka.errors import (
+    kafka_errors,
     logger,
+    lost_topic,
+    producing,
+    quietly,
+    too_large,
 )
-from debatebus.transports.kafka_group import _Mark, _Member
-from debatebus.transports.kafka_readers import _bounds, _millis, _poll, _record_at, _Subscription
-from debatebus.transports.kafka_wire import (
-    CONTENT_TYPE_HEADER,
-    DELIVERIES_HEADER,
-    ORIGIN_HEADER,
-    ORIGIN_OFFSET_HEADER,
-    ORIGIN_PARTITION_HEADER,
-    REASON_HEADER,
-    SCHEMA_HEADER,
-    _dead_letter,
-    _delivery,
-    _names,
-    _outgoing,
-    _Record,
-    _size_of,
-    _Token,
-    _token_of,
-    kafka_topic,
+from debatebus.transports.kafka.group import Member
+from debatebus.transports.kafka.names import kafka_topic, topic_names
+from debatebus.transports.kafka.offsets import Mark
+from debatebus.transports.kafka.readers import Subscription, bounds, millis, poll, record_at
+from debatebus.transports.kafka.settings import KafkaSettings, parse_servers
+from debatebus.transports.kafka.wire import (
+    Record,
+    Token,
+    dead_letter,
+    size_of,
+    to_delivery,
+    to_record,
+    token_of,
 )
 
 _T = TypeVar("_T")
 
-__all__ = [
-    "CONTENT_TYPE_HEADER",
-    "DELIVERIES_HEADER",
-    "ORIGIN_HEADER",
-    "ORIGIN_OFFSET_HEADER",
-    "ORIGIN_PARTITION_HEADER",
-    "REASON_HEADER",
-    "SCHEMA_HEADER",
-    "KafkaTransport",
-    "kafka_topic",
-]
+__all__ = ["KafkaTransport"]
 
 
 class KafkaTransport(Transport):
@@ -89,8 +77,6 @@ class KafkaTransport(Transport):
     committing and letting go (longer ones are redelivered to the new owner).
     """
 
-    durable = True
-    atomic_ack = False
     #: ``read_range`` positions are per-partition offsets (or times), not stream ids.
     position_kind = "offset"
 
@@ -110,38 +96,20 @@ class KafkaTransport(Transport):
         max_request_size: int = 1_048_576,
         client_id: str = "debatebus",
     ) -> None:
-        hosts = [bootstrap_servers] if isinstance(bootstrap_servers, str) else bootstrap_servers
-        servers = [h.strip() for entry in hosts for h in entry.split(",") if h.strip()]
-        if not servers:
-            raise ConfigError("KafkaTransport needs bootstrap servers, e.g. 'localhost:9092'")
-        if partitions < 1 or replication_factor < 1:
-            raise ConfigError("partitions and replication_factor must be at least 1")
-        self.servers = ",".join(servers)
-        self.partitions = partitions
-        self.replication_factor = replication_factor
-        self.connect_timeout = connect_timeout
-        self.request_timeout = request_timeout
-        self.revoke_grace = revoke_grace_ms / 1000
-        self.max_request_size = max_request_size
-        self.client_id = client_id
-        # Tansu answers a parked fetch only when fetch_max_wait_ms runs out, not when data
-        # arrives (Kafka answers at once), so this bounds delivery latency there. 100 ms costs an
-        # idle consumer ten cheap fetches a second on Kafka; lower it for latency on Tansu.
-        self._fetch_options: dict[str, Any] = {"fetch_max_wait_ms": fetch_max_wait_ms}
-        self._group_options: dict[str, Any] = {
-            "session_timeout_ms": session_timeout_ms,
-            "heartbeat_interval_ms": heartbeat_interval_ms,
-            "max_poll_interval_ms": max_poll_interval_ms,
-            # aiokafka defaults this to the session timeout; the revoke hook may take the grace.
-            "rebalance_timeout_ms": session_timeout_ms + revoke_grace_ms,
-        }
+        self.settings = KafkaSettings(
+            servers=parse_servers(bootstrap_servers), partitions=partitions,
+            replication_factor=replication_factor, connect_timeout=connect_timeout,
+            request_timeout=request_timeout, session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms, max_poll_interval_ms=max_poll_interval_ms,
+            revoke_grace_ms=revoke_grace_ms, fetch_max_wait_ms=fetch_max_wait_ms,
+            max_request_size=max_request_size, client_id=client_id)
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._connect_lock = asyncio.Lock()
         self._ensure_lock = asyncio.Lock()
         self._known: set[str] = set()
         self._listed = False
-        self._members: set[_Member] = set()
+        self._members: set[Member] = set()
         self._readers: set[AIOKafkaConsumer] = set()
 
     # -- connections -----------------------------------------------------------------------
@@ -158,19 +126,20 @@ class KafkaTransport(Transport):
         return self._producer, self._admin
 
     async def _connect(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
-        timeout_ms = int(self.request_timeout * 1000)
-        # No idempotence: Tansu lacks it; duplicates are handled by request id upstream.
+        timeout_ms = int(self.settings.request_timeout * 1000)
+        settings = self.settings
+        # No idempotence: Tansu lacks it; for duplicates see the module docstring.
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.servers, client_id=self.client_id, acks="all",
-            enable_idempotence=False, max_request_size=self.max_request_size,
+            bootstrap_servers=settings.servers, client_id=settings.client_id, acks="all",
+            enable_idempotence=False, max_request_size=settings.max_request_size,
             request_timeout_ms=timeout_ms)
         await self._start(producer.start, producer.stop, "connecting the producer")
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.servers, client_id=self.client_id,
-                                    request_timeout_ms=timeout_ms)
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.servers,
+                                    client_id=settings.client_id, request_timeout_ms=timeout_ms)
         try:
             await self._start(admin.start, admin.close, "connecting the admin client")
         except TransportError:
-            await _quietly(producer.stop(), "stopping the producer", self.request_timeout)
+            await quietly(producer.stop(), "stopping the producer", self.settings.request_timeout)
             raise
         return producer, admin
 
@@ -178,17 +147,17 @@ class KafkaTransport(Transport):
                      stop: Callable[[], Awaitable[Any]], what: str) -> None:
         """Start a client within ``connect_timeout``, stopping it again if that fails."""
         try:
-            async with asyncio.timeout(self.connect_timeout):
-                with _kafka_errors(what, self.servers):
+            async with asyncio.timeout(self.settings.connect_timeout):
+                with kafka_errors(what, self.settings.servers):
                     await start()
         except TimeoutError as exc:
-            await _quietly(stop(), what, self.request_timeout)
+            await quietly(stop(), what, self.settings.request_timeout)
             raise TransportError(
-                f"Kafka: {what} timed out after {self.connect_timeout:g}s; check that a broker "
-                f"listens at {self.servers} and that the address it advertises is reachable "
+                f"Kafka: {what} timed out after {self.settings.connect_timeout:g}s; check that a broker "
+                f"listens at {self.settings.servers} and that the address it advertises is reachable "
                 "from this host") from exc
         except TransportError:
-            await _quietly(stop(), what, self.request_timeout)
+            await quietly(stop(), what, self.settings.request_timeout)
             raise
 
     async def close(self) -> None:
@@ -202,14 +171,14 @@ class KafkaTransport(Transport):
         self._known.clear()  # a broker restarted meanwhile may have lost them (Tansu's memory://)
         self._listed = False
         if producer is not None:
-            await _quietly(producer.stop(), "flushing the producer", self.request_timeout)
+            await quietly(producer.stop(), "flushing the producer", self.settings.request_timeout)
         if admin is not None:
-            await _quietly(admin.close(), "closing the admin client", self.request_timeout)
+            await quietly(admin.close(), "closing the admin client", self.settings.request_timeout)
 
     # -- topics ----------------------------------------------------------------------------
 
     async def ensure_topics(self, topics: Sequence[str]) -> None:
-        await self._ensure(_names(topics))
+        await self._ensure(topic_names(topics))
 
     async def _ensure(self, names: Iterable[str]) -> None:
         missing = set(names) - self._known
@@ -228,7 +197,7 @@ class KafkaTransport(Transport):
                 await self._create(admin, sorted(missing))
 
     async def _create(self, admin: AIOKafkaAdminClient, names: list[str]) -> None:
-        new = [NewTopic(n, self.partitions, self.replication_factor) for n in names]
+        new = [NewTopic(n, self.settings.partitions, self.settings.replication_factor) for n in names]
         response = await self._admin_request(f"creating topics {', '.join(names)}",
                                              functools.partial(admin.create_topics, new))
         refused = []
@@ -241,7 +210,7 @@ class KafkaTransport(Transport):
         if refused:
             raise TransportError(
                 f"Kafka refused to create topics ({'; '.join(refused)}): allow this client to "
-                f"create topics, or create them with {self.partitions} partitions beforehand")
+                f"create topics, or create them with {self.settings.partitions} partitions beforehand")
 
     async def _recheck(self, names: Iterable[str]) -> None:
         """Forget which topics exist and ensure ``names`` again: a broker that restarted
@@ -257,7 +226,7 @@ class KafkaTransport(Transport):
         request after a broker restart fails on the old connection, then it reconnects."""
         for attempt in (1, 2):
             try:
-                with _kafka_errors(action, self.servers):
+                with kafka_errors(action, self.settings.servers):
                     return await call()
             except TransportError as exc:
                 if attempt == 2 or not isinstance(exc.__cause__, KafkaConnectionError):
@@ -266,66 +235,66 @@ class KafkaTransport(Transport):
 
     async def _partitions_of(self, name: str) -> list[TopicPartition]:
         producer, _ = await self._ready()
-        with _kafka_errors(f"reading the partitions of {name}", self.servers):
+        with kafka_errors(f"reading the partitions of {name}", self.settings.servers):
             numbers = await producer.partitions_for(name)
         return [TopicPartition(name, p) for p in sorted(numbers)]
 
     # -- producing -------------------------------------------------------------------------
 
-    async def _send(self, records: Sequence[_Record]) -> list[Any]:
+    async def _send(self, records: Sequence[Record]) -> list[Any]:
         """Produce and wait for the broker's acknowledgement of every record. Topics the broker
         no longer knows (it restarted without its data) are created again, once."""
         if not records:
             return []
-        size = max(_size_of(r) for r in records)
+        size = max(size_of(r) for r in records)
         topics = {r.topic for r in records}
-        if size > self.max_request_size:  # checked before producing any: a call fails whole
-            raise _too_large(", ".join(sorted(topics)), size, self.max_request_size,
+        if size > self.settings.max_request_size:  # checked before producing any: a call fails whole
+            raise too_large(", ".join(sorted(topics)), size, self.settings.max_request_size,
                              by_broker=False)
         try:
             return await self._produce(records, topics, size)
         except TransportError as exc:
-            if not _lost_topic(exc):
+            if not lost_topic(exc):
                 raise
             logger.warning("%s; ensuring the topics exist and producing again", exc)
             await self._recheck(topics)
             return await self._produce(records, topics, size)
 
-    async def _produce(self, records: Sequence[_Record], topics: set[str],
+    async def _produce(self, records: Sequence[Record], topics: set[str],
                        size: int) -> list[Any]:
         producer, _ = await self._ready()
         await self._ensure(topics)
-        with _producing(", ".join(sorted(topics)), self.servers, size=size,
-                        limit=self.max_request_size):
+        with producing(", ".join(sorted(topics)), self.settings.servers, size=size,
+                        limit=self.settings.max_request_size):
             # send() only appends to the batch; awaiting them together lets them share requests.
             futures = [await producer.send(r.topic, r.value, key=r.key, headers=list(r.headers))
                        for r in records]
             return list(await asyncio.gather(*futures))
 
     async def publish(self, message: Outgoing) -> str:
-        (meta,) = await self._send([_outgoing(message)])
+        (meta,) = await self._send([to_record(message)])
         return f"{meta.partition}:{meta.offset}"
 
     # -- settling --------------------------------------------------------------------------
 
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
         """Produce ``results``, then mark the delivery settled and commit the settled prefix.
-        Not atomic: a crash in between redelivers the request (the handler layer dedups). An
+        Not atomic: a crash in between redelivers the request (see the module docstring). An
         ack retried after its commit failed only commits: the results were produced already."""
-        token = _token_of(delivery)
+        token = token_of(delivery)
         if not self._settled(token):
-            await self._send([_outgoing(m) for m in results])
+            await self._send([to_record(m) for m in results])
         await self._settle(token)
 
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
         """``requeue``: hand the delivery out again from this consumer, like ``release``.
         Otherwise copy it to ``{topic}:dlq`` with the reason and settle it."""
-        token = _token_of(delivery)
+        token = token_of(delivery)
         if requeue:
             self.release(delivery)
             return
         if not self._settled(token):
-            await self._send([_dead_letter(delivery, token, reason)])
+            await self._send([dead_letter(delivery, token, reason)])
         await self._settle(token)
 
     def release(self, delivery: Delivery) -> None:
@@ -334,14 +303,14 @@ class KafkaTransport(Transport):
         partition flow meanwhile. A no-op once that consumer lost the partition or closed: the
         partition's next owner redelivers it."""
         token = delivery.token
-        if isinstance(token, _Token) and token.member is not None:
+        if isinstance(token, Token) and token.member is not None:
             token.member.release(delivery)
 
     @staticmethod
-    def _settled(token: _Token) -> bool:
+    def _settled(token: Token) -> bool:
         return token.member is not None and token.member.is_settled(token)
 
-    async def _settle(self, token: _Token) -> None:
+    async def _settle(self, token: Token) -> None:
         member = token.member
         if member is None:
             return
@@ -361,7 +330,7 @@ class KafkaTransport(Transport):
     ) -> AsyncIterator[Delivery]:
         if prefetch < 1:
             raise ConfigError(f"prefetch must be at least 1, not {prefetch}")
-        names = _names(topics)
+        names = topic_names(topics)
         await self._ensure(names)
         member = self._detached(group, names) or await self._join(group, names, consumer,
                                                                    prefetch)
@@ -373,7 +342,7 @@ class KafkaTransport(Transport):
             # Stops fetching only: what was handed out still commits when settled, until close().
             member.detach()
 
-    def _detached(self, group: str, names: dict[str, str]) -> _Member | None:
+    def _detached(self, group: str, names: dict[str, str]) -> Member | None:
         """A member of ``group`` on ``names`` whose iterator closed (an error, or a worker
         consuming again after one): the new iterator takes it over, in-flight deliveries and
         all."""
@@ -381,58 +350,60 @@ class KafkaTransport(Transport):
                      and m.group == group and m.names == names), None)
 
     async def _join(self, group: str, names: dict[str, str], consumer: str,
-                    prefetch: int) -> _Member:
+                    prefetch: int) -> Member:
         kafka_consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.servers, client_id=f"{self.client_id}-{consumer}",
+            bootstrap_servers=self.settings.servers, client_id=f"{self.settings.client_id}-{consumer}",
             group_id=group, enable_auto_commit=False, auto_offset_reset="earliest",
-            max_poll_records=prefetch, **self._group_options, **self._fetch_options)
+            max_poll_records=prefetch, **self.settings.group_options,
+            **self.settings.fetch_options)
         await self._start(kafka_consumer.start, kafka_consumer.stop, f"joining group {group!r}")
-        member = _Member(kafka_consumer, names, group, prefetch, self)
+        member = Member(kafka_consumer, names, group, prefetch, self.settings,
+                        recheck=self._recheck, mark_at=self._mark_at)
         self._members.add(member)
         member.start()
         return member
 
-    async def _mark_at(self, tp: TopicPartition, offset: int) -> _Mark | None:
+    async def _mark_at(self, tp: TopicPartition, offset: int) -> Mark | None:
         """What the record at ``offset`` of ``tp`` holds now; None if there is none."""
         reader = await self._reader()
         try:
             reader.assign([tp])
             reader.seek(tp, offset)
-            record = await _record_at(reader, tp, offset, servers=self.servers,
-                                      timeout=self.request_timeout)
+            record = await record_at(reader, tp, offset, servers=self.settings.servers,
+                                      timeout=self.settings.request_timeout)
         finally:
             await self._drop_reader(reader)
-        return None if record is None else _Mark(record.timestamp, record.key)
+        return None if record is None else Mark(record.timestamp, record.key)
 
     async def _reader(self) -> AIOKafkaConsumer:
         """A group-less consumer: reads wherever it is told to, commits nothing."""
-        reader = AIOKafkaConsumer(bootstrap_servers=self.servers, client_id=self.client_id,
-                                  group_id=None, enable_auto_commit=False, **self._fetch_options)
+        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.servers, client_id=self.settings.client_id,
+                                  group_id=None, enable_auto_commit=False, **self.settings.fetch_options)
         await self._start(reader.start, reader.stop, "starting a reader")
         self._readers.add(reader)
         return reader
 
     async def _drop_reader(self, reader: AIOKafkaConsumer) -> None:
         self._readers.discard(reader)
-        await _quietly(reader.stop(), "stopping a reader", self.request_timeout)
+        await quietly(reader.stop(), "stopping a reader", self.settings.request_timeout)
 
     async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
         """A group-less reader positioned at the end of every partition of ``topics`` by the
         time this returns, so nothing published afterwards is missed."""
-        names = _names(topics)
+        names = topic_names(topics)
         await self._ensure(names)  # so there are partitions to position on right away
         reader = await self._reader()
         try:
             tps = [tp for name in names for tp in await self._partitions_of(name)]
             reader.assign(tps)
-            with _kafka_errors("seeking to the end", self.servers):
+            with kafka_errors("seeking to the end", self.settings.servers):
                 await reader.seek_to_end(*tps)
                 for tp in tps:  # resolves any reset still pending: the position is fixed now
                     await reader.position(tp)
         except BaseException:
             await self._drop_reader(reader)
             raise
-        return _Subscription(reader, names, self.servers,
+        return Subscription(reader, names, self.settings.servers,
                              functools.partial(self._drop_reader, reader))
 
     # -- ops replay ------------------------------------------------------------------------
@@ -460,28 +431,28 @@ class KafkaTransport(Transport):
             if partitions is not None:
                 tps = [tp for tp in tps if tp.partition in set(partitions)]
             reader.assign(tps)
-            bounds = await _bounds(reader, tps, start, end, servers=self.servers,
-                                   timeout=self.request_timeout)
-            active = {tp for tp, (lo, hi) in bounds.items() if lo < hi}
+            spans = await bounds(reader, tps, start, end, servers=self.settings.servers,
+                                 timeout=self.settings.request_timeout)
+            active = {tp for tp, (lo, hi) in spans.items() if lo < hi}
             for tp in active:
-                reader.seek(tp, bounds[tp][0])
-            low, high = _millis(start, float("-inf")), _millis(end, float("inf"))
+                reader.seek(tp, spans[tp][0])
+            low, high = millis(start, float("-inf")), millis(end, float("inf"))
             while active:
-                records = await _poll(reader, *active, servers=self.servers)
+                records = await poll(reader, *active, servers=self.settings.servers)
                 if records is None:
                     return
                 for record in records:
                     tp = TopicPartition(record.topic, record.partition)
-                    if tp in active and record.offset < bounds[tp][1] and \
+                    if tp in active and record.offset < spans[tp][1] and \
                             low <= record.timestamp <= high:
-                        yield _delivery(record, topic)
-                active = {tp for tp in active if await reader.position(tp) < bounds[tp][1]}
+                        yield to_delivery(record, topic)
+                active = {tp for tp in active if await reader.position(tp) < spans[tp][1]}
         finally:
             await self._drop_reader(reader)
 
     async def _ensure_exists(self, name: str) -> None:
         _, admin = await self._ready()
-        with _kafka_errors("listing topics", self.servers):
+        with kafka_errors("listing topics", self.settings.servers):
             self._known.update(await admin.list_topics())
         if name not in self._known:
             raise ConfigError(f"Kafka topic {name!r} does not exist: check the event type")

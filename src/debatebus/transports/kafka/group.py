@@ -1,4 +1,4 @@
-"""The consumer-group side of ``KafkaTransport``: one ``_Member`` per group a transport
+"""The consumer-group side of ``KafkaTransport``: one ``Member`` per group a transport
 consumes, which a later ``consume()`` call with the same group and topics takes over.
 
 Liveness: a background task keeps calling ``getmany`` whatever the handlers are doing; when
@@ -21,104 +21,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from debatebus.exceptions import TransportError
 from debatebus.transports.base import Delivery
-from debatebus.transports.kafka_errors import _KAFKA_ERRORS, _kafka_errors, _quietly, _translate
-from debatebus.transports.kafka_wire import _delivery, _Token
+from debatebus.transports.kafka.errors import (
+    KAFKA_ERRORS,
+    kafka_errors,
+    logger,
+    quietly,
+    translate,
+)
+from debatebus.transports.kafka.offsets import Mark, Partition
+from debatebus.transports.kafka.settings import POLL_MS, KafkaSettings
+from debatebus.transports.kafka.wire import Token, to_delivery
 
-if TYPE_CHECKING:  # kafka imports this module, so importing it back must wait for types
-    from debatebus.transports.kafka import KafkaTransport
+__all__ = ["MarkAt", "Member", "Recheck"]
 
-# The transport's modules share one logger, so operators filter on one name whichever logs.
-logger = logging.getLogger("debatebus.transports.kafka")
-
-_POLL_MS: Final = 200  # how long one getmany waits when idle; bounds the fetch loop's reaction time
 _ASSIGNMENT_WATCH_S: Final = 60
 
-
-class _Mark(NamedTuple):
-    """What a record held, to recognise it again: a log the broker lost and refilled has other
-    records at the same offsets."""
-
-    timestamp: int
-    key: bytes | None
-
-
-@dataclass(eq=False, slots=True)
-class _Partition:
-    """Records fetched from one assigned partition: their order, for contiguous commits, and how
-    often each unsettled one was handed out, for delivery counts.
-
-    ``fetched`` may have gaps (compaction, transaction markers): contiguity is over fetched
-    records, not integers. A fresh object per assignment, so a late settle for a revoked
-    partition is recognised by identity and never commits for the partition's new owner, and
-    delivery counts start over at 1 with each owner.
-    """
-
-    fetched: deque[int] = field(default_factory=deque)
-    unsettled: dict[int, int] = field(default_factory=dict)  # offset -> times handed out
-    waiting: set[int] = field(default_factory=set)  # unsettled, in the buffer, not handed out
-    last: int = -1  # the highest offset fetched
-    marks: dict[int, _Mark] = field(default_factory=dict)  # fetched offset -> what it held
-    commit_mark: _Mark | None = None  # what the record before ``commit_at`` held
-    commit_at: int | None = None  # one past the settled prefix: what Kafka should store
-    committed: int | None = None
-
-    def add(self, offset: int, mark: _Mark | None = None) -> None:
-        self.fetched.append(offset)
-        if mark is not None:
-            self.marks[offset] = mark
-        self.unsettled[offset] = 0
-        self.waiting.add(offset)
-        self.last = offset
-
-    def hand_out(self, offset: int) -> int:
-        """Count one more delivery of a waiting record; 0 if it is not waiting any more."""
-        if offset not in self.waiting:
-            return 0
-        self.waiting.discard(offset)
-        self.unsettled[offset] += 1
-        return self.unsettled[offset]
-
-    def put_back(self, offset: int) -> bool:
-        """Mark a handed-out, unsettled record as waiting again; False if it is not one."""
-        if offset not in self.unsettled or offset in self.waiting:
-            return False
-        self.waiting.add(offset)
-        return True
-
-    def settle(self, offset: int) -> bool:
-        if self.unsettled.pop(offset, None) is None:
-            return False
-        self.waiting.discard(offset)
-        while self.fetched and self.fetched[0] not in self.unsettled:
-            done = self.fetched.popleft()
-            self.commit_at, self.commit_mark = done + 1, self.marks.pop(done, None)
-        return True
-
-    def forget_from(self, offset: int) -> int:
-        """Drop the fetched tail from ``offset`` on (for a revoked partition); returns how many
-        unsettled records that dropped."""
-        dropped = 0
-        while self.fetched and self.fetched[-1] >= offset:
-            tail = self.fetched.pop()
-            self.waiting.discard(tail)
-            self.marks.pop(tail, None)
-            dropped += self.unsettled.pop(tail, None) is not None
-        return dropped
+#: The transport's: forget which topics exist and ensure these (by Kafka name) again.
+Recheck = Callable[[Iterable[str]], Awaitable[None]]
+#: The transport's: what the record at an offset of a partition holds now (None: no record).
+MarkAt = Callable[[TopicPartition, int], Awaitable[Mark | None]]
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka has no type hints
-    def __init__(self, member: _Member) -> None:
+    def __init__(self, member: Member) -> None:
         self.member = member
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
@@ -131,17 +66,20 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ha
         await self.member.after_assignment(set(assigned))
 
 
-class _Member:
+class Member:
     """A group consumer, its fetch loop and its commit bookkeeping; see the module docstring."""
 
     def __init__(self, consumer: AIOKafkaConsumer, names: dict[str, str], group: str,
-                 prefetch: int, settings: KafkaTransport) -> None:
+                 prefetch: int, settings: KafkaSettings, *, recheck: Recheck,
+                 mark_at: MarkAt) -> None:
         self.consumer = consumer
         self.names = names
         self.group = group
         self.prefetch = prefetch
         self.settings = settings
-        self.parts: dict[TopicPartition, _Partition] = {}
+        self._recheck = recheck
+        self._mark_at = mark_at
+        self.parts: dict[TopicPartition, Partition] = {}
         self.buffer: deque[Delivery] = deque()
         self.unsettled = 0  # fetched (buffered or handed out) and not yet settled
         self.ready = asyncio.Event()
@@ -158,7 +96,7 @@ class _Member:
         self._commit_wanted = False
         # What this member last committed per partition, across assignments: see
         # _rewind_lost_logs.
-        self.commits: dict[TopicPartition, tuple[int, _Mark | None]] = {}
+        self.commits: dict[TopicPartition, tuple[int, Mark | None]] = {}
 
     def start(self) -> None:
         self.consumer.subscribe(list(self.names), listener=_Listener(self))
@@ -193,7 +131,7 @@ class _Member:
         self.checking = True  # nothing is fetched from the committed offsets until checked
         self.apply_backpressure()
         try:
-            await self.settings._recheck(self.names)
+            await self._recheck(self.names)
             await self._rewind_lost_logs(assigned)
         except TransportError as exc:
             logger.warning("group %s: %s", self.group, exc)
@@ -205,7 +143,7 @@ class _Member:
         ours = {tp: self.commits[tp] for tp in assigned if tp in self.commits}
         if not ours:
             return
-        with _kafka_errors(f"checking the offsets of group {self.group!r}",
+        with kafka_errors(f"checking the offsets of group {self.group!r}",
                            self.settings.servers):
             if await self._lost_any(ours):
                 # The broker lost its offsets too: whatever it holds was committed after the
@@ -216,14 +154,14 @@ class _Member:
                                ", ".join(str(tp) for tp in sorted(assigned)))
                 await self.consumer.seek_to_beginning(*assigned)
 
-    async def _lost_any(self, ours: dict[TopicPartition, tuple[int, _Mark | None]]) -> bool:
+    async def _lost_any(self, ours: dict[TopicPartition, tuple[int, Mark | None]]) -> bool:
         """Whether a partition's committed offset, committed by this member, no longer follows
         the record it followed then."""
         ends = await self.consumer.end_offsets(list(ours))
         for tp, (offset, mark) in sorted(ours.items()):
             if await self.consumer.committed(tp) != offset or mark is None:
                 continue  # committed by another member since: not ours to check
-            if offset > ends[tp] or await self.settings._mark_at(tp, offset - 1) != mark:
+            if offset > ends[tp] or await self._mark_at(tp, offset - 1) != mark:
                 return True
         return False
 
@@ -246,7 +184,7 @@ class _Member:
                 self.ready.clear()
                 await self.ready.wait()
             delivery = self.buffer.popleft()
-            token: _Token = delivery.token
+            token: Token = delivery.token
             part = self._current(token)  # None: revoked or reset meanwhile, so skipped
             count = part.hand_out(token.offset) if part is not None else 0
             if count:
@@ -257,14 +195,14 @@ class _Member:
         while not self.stopped:
             try:
                 await self._poll_once()
-            except _KAFKA_ERRORS as exc:
+            except KAFKA_ERRORS as exc:
                 if self.stopped:
                     break
                 if isinstance(exc, KafkaError) and exc.retriable:
                     logger.warning("group %s: %r while polling; retrying", self.group, exc)
                     await asyncio.sleep(1.0)
                     continue
-                self.error = _translate(exc, f"polling for group {self.group!r}",
+                self.error = translate(exc, f"polling for group {self.group!r}",
                                         self.settings.servers)
                 logger.error("%s", self.error)
                 break
@@ -273,7 +211,7 @@ class _Member:
     async def _poll_once(self) -> None:
         self.apply_backpressure()
         batch = await self.consumer.getmany(
-            timeout_ms=_POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
+            timeout_ms=POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
         for tp, records in batch.items():
             for record in records:
                 self._take(tp, record)
@@ -287,10 +225,10 @@ class _Member:
             self._lost(tp, f"starts over at offset {record.offset} after {part.last}")
             part = None
         if part is None:
-            part = self.parts[tp] = _Partition()
-        part.add(record.offset, _Mark(record.timestamp, record.key))
+            part = self.parts[tp] = Partition()
+        part.add(record.offset, Mark(record.timestamp, record.key))
         self.unsettled += 1
-        self.buffer.append(_delivery(record, self.names.get(tp.topic, tp.topic), self, part))
+        self.buffer.append(to_delivery(record, self.names.get(tp.topic, tp.topic), self, part))
 
     def _lost(self, tp: TopicPartition, what: str) -> None:
         """Forget a partition whose log the broker lost (a memory-only broker restarted): its
@@ -314,12 +252,12 @@ class _Member:
             self.consumer.resume(*self.consumer.paused())
             self.paused = False
 
-    def _current(self, token: _Token) -> _Partition | None:
+    def _current(self, token: Token) -> Partition | None:
         """The token's partition bookkeeping if this member still owns that assignment."""
         part = token.partition
         return part if part is not None and self.parts.get(token.tp) is part else None
 
-    def settle(self, token: _Token) -> bool:
+    def settle(self, token: Token) -> bool:
         """Mark a record settled; False when it is not ours to commit any more (revoked, closed,
         settled already)."""
         part = self._current(token)
@@ -330,14 +268,14 @@ class _Member:
         self.apply_backpressure()
         return True
 
-    def is_settled(self, token: _Token) -> bool:
+    def is_settled(self, token: Token) -> bool:
         """Whether this member settled the record already (an ack being retried)."""
         part = self._current(token)
         return part is not None and token.offset not in part.unsettled
 
     def release(self, delivery: Delivery) -> None:
         """Hand an unsettled delivery out again (first in line), counting one more delivery."""
-        token: _Token = delivery.token
+        token: Token = delivery.token
         part = self._current(token)
         if part is not None and not self.stopped and part.put_back(token.offset):
             self.buffer.appendleft(delivery)
@@ -361,14 +299,15 @@ class _Member:
                     await self.consumer.commit(offsets)
             except (CommitFailedError, IllegalStateError) as exc:
                 # The partition moved to another member meanwhile; it redelivers from the last
-                # commit and the handler layer dedups by request id. Not the caller's failure.
+                # commit (what keeps that from running a debate twice: see ``transport``). Not
+                # the caller's failure.
                 logger.warning("group %s: commit of %s skipped: %s", self.group, offsets, exc)
                 return
             except TimeoutError as exc:
                 raise TransportError(f"Kafka: committing offsets for group {self.group!r} timed "
                                      f"out; check the broker at {self.settings.servers}") from exc
-            except _KAFKA_ERRORS as exc:
-                raise _translate(exc, f"committing offsets for group {self.group!r}",
+            except KAFKA_ERRORS as exc:
+                raise translate(exc, f"committing offsets for group {self.group!r}",
                                  self.settings.servers) from exc
             for tp, part in due.items():
                 part.committed = offsets[tp]
@@ -399,7 +338,7 @@ class _Member:
         kept: deque[Delivery] = deque()
         first: dict[TopicPartition, int] = {}
         for delivery in self.buffer:
-            token: _Token = delivery.token
+            token: Token = delivery.token
             if token.tp in revoked:
                 first[token.tp] = min(token.offset, first.get(token.tp, token.offset))
             else:
@@ -442,5 +381,5 @@ class _Member:
             logger.warning("%s; settled deliveries after the last commit will be redelivered", exc)
         self.parts.clear()
         self.buffer.clear()
-        await _quietly(self.consumer.stop(), f"leaving group {self.group!r}",
+        await quietly(self.consumer.stop(), f"leaving group {self.group!r}",
                        self.settings.request_timeout)

@@ -30,7 +30,7 @@ from debatebus.exceptions import MessageTooLargeError, TransportError
 # The transport's modules share one logger, so operators filter on one name whichever logs.
 logger = logging.getLogger("debatebus.transports.kafka")
 
-_KAFKA_ERRORS: Final = (KafkaError, ConsumerStoppedError, IllegalOperation)
+KAFKA_ERRORS: Final = (KafkaError, ConsumerStoppedError, IllegalOperation)
 
 _HINTS: Final[tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...]] = (
     (KafkaConnectionError, "check that a broker listens at {servers} and that the address it "
@@ -46,7 +46,7 @@ _HINTS: Final[tuple[tuple[type[BaseException] | tuple[type[BaseException], ...],
 )
 
 
-def _translate(exc: BaseException, action: str, servers: str) -> TransportError:
+def translate(exc: BaseException, action: str, servers: str) -> TransportError:
     hint = next((h for kinds, h in _HINTS if isinstance(exc, kinds)),
                 "check the broker at {servers} and its logs")
     error = TransportError(f"Kafka: {action} failed ({type(exc).__name__}: {exc}); "
@@ -56,28 +56,28 @@ def _translate(exc: BaseException, action: str, servers: str) -> TransportError:
 
 
 @contextlib.contextmanager
-def _kafka_errors(action: str, servers: str) -> Iterator[None]:
+def kafka_errors(action: str, servers: str) -> Iterator[None]:
     """Callers see ``TransportError`` (saying what to check), never an aiokafka exception."""
     try:
         yield
-    except _KAFKA_ERRORS as exc:
-        raise _translate(exc, action, servers) from exc
+    except KAFKA_ERRORS as exc:
+        raise translate(exc, action, servers) from exc
 
 
 @contextlib.contextmanager
-def _producing(topics: str, servers: str, *, size: int, limit: int) -> Iterator[None]:
-    """``_kafka_errors`` for producing records of up to ``size`` bytes: a refusal as too large
+def producing(topics: str, servers: str, *, size: int, limit: int) -> Iterator[None]:
+    """``kafka_errors`` for producing records of up to ``size`` bytes: a refusal as too large
     (aiokafka's own check against max_request_size, or the broker's MESSAGE_TOO_LARGE /
     RECORD_LIST_TOO_LARGE) becomes ``MessageTooLargeError``."""
     try:
         yield
     except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
-        raise _too_large(topics, size, limit, by_broker=size <= limit) from exc
-    except _KAFKA_ERRORS as exc:
-        raise _translate(exc, f"producing to {topics}", servers) from exc
+        raise too_large(topics, size, limit, by_broker=size <= limit) from exc
+    except KAFKA_ERRORS as exc:
+        raise translate(exc, f"producing to {topics}", servers) from exc
 
 
-def _too_large(topics: str, size: int, limit: int, *, by_broker: bool) -> MessageTooLargeError:
+def too_large(topics: str, size: int, limit: int, *, by_broker: bool) -> MessageTooLargeError:
     if by_broker:
         why = (f"the broker refused it: its message.max.bytes (or the topic's max.message.bytes)"
                f" is below this producer's max_request_size of {limit} bytes")
@@ -87,16 +87,16 @@ def _too_large(topics: str, size: int, limit: int, *, by_broker: bool) -> Messag
                                 size=size, limit=limit)
 
 
-def _lost_topic(exc: TransportError) -> bool:
+def lost_topic(exc: TransportError) -> bool:
     """Whether producing failed because the broker does not know the topic (any more). Tansu
     answers UNKNOWN (-1) to the first record for a topic re-created after it restarted."""
     return isinstance(exc.__cause__, (UnknownTopicOrPartitionError, UnknownError))
 
 
-async def _quietly(step: Awaitable[Any], what: str, timeout: float) -> None:
+async def quietly(step: Awaitable[Any], what: str, timeout: float) -> None:
     """Shutdown steps log their failures: a close must not raise over a broker that went away."""
     try:
         async with asyncio.timeout(timeout):
             await step
-    except (TimeoutError, *_KAFKA_ERRORS) as exc:
+    except (TimeoutError, *KAFKA_ERRORS) as exc:
         logger.warning("Kafka: %s failed during close: %r", what, exc)

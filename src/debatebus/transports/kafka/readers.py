@@ -5,7 +5,6 @@ bounds behind ``read_range()`` (ops replay). These readers belong to no group an
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -14,26 +13,25 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerStoppedError, TopicPartition
 
 from debatebus.transports.base import Delivery
-from debatebus.transports.kafka_errors import _KAFKA_ERRORS, _kafka_errors, _translate
-from debatebus.transports.kafka_group import _POLL_MS
-from debatebus.transports.kafka_wire import _delivery
+from debatebus.transports.kafka.errors import KAFKA_ERRORS, kafka_errors, logger, translate
+from debatebus.transports.kafka.settings import POLL_MS
+from debatebus.transports.kafka.wire import to_delivery
 
-# The transport's modules share one logger, so operators filter on one name whichever logs.
-logger = logging.getLogger("debatebus.transports.kafka")
+__all__ = ["Subscription", "bounds", "millis", "poll", "record_at", "time_starts"]
 
 
-async def _poll(reader: AIOKafkaConsumer, *tps: TopicPartition, servers: str) -> list[Any] | None:
+async def poll(reader: AIOKafkaConsumer, *tps: TopicPartition, servers: str) -> list[Any] | None:
     """One getmany as a flat list of records; None once the reader was stopped by close()."""
     try:
-        batch = await reader.getmany(*tps, timeout_ms=_POLL_MS)
+        batch = await reader.getmany(*tps, timeout_ms=POLL_MS)
     except ConsumerStoppedError:
         return None
-    except _KAFKA_ERRORS as exc:
-        raise _translate(exc, "reading", servers) from exc
+    except KAFKA_ERRORS as exc:
+        raise translate(exc, "reading", servers) from exc
     return [record for records in batch.values() for record in records]
 
 
-class _Subscription:
+class Subscription:
     """What ``subscribe`` returns: already positioned; ``aclose()`` (or the transport's
     ``close()``) stops its reader. A class, not a generator, so closing works before iterating."""
 
@@ -46,31 +44,31 @@ class _Subscription:
         self._release = release
         self._pending: deque[Delivery] = deque()
 
-    def __aiter__(self) -> _Subscription:
+    def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Delivery:
         while not self._pending:
-            records = await _poll(self._reader, servers=self._servers)
+            records = await poll(self._reader, servers=self._servers)
             if records is None:
                 raise StopAsyncIteration
-            self._pending.extend(_delivery(r, self._names[r.topic]) for r in records)
+            self._pending.extend(to_delivery(r, self._names[r.topic]) for r in records)
         return self._pending.popleft()
 
     async def aclose(self) -> None:
         await self._release()
 
 
-async def _bounds(reader: AIOKafkaConsumer, tps: list[TopicPartition],
+async def bounds(reader: AIOKafkaConsumer, tps: list[TopicPartition],
                   start: int | datetime | None, end: int | datetime | None, *,
                   servers: str, timeout: float) -> dict[TopicPartition, tuple[int, int]]:
     """Per partition, the offsets [first, stop) to scan; ``end`` is inclusive."""
-    with _kafka_errors("reading partition offsets", servers):
+    with kafka_errors("reading partition offsets", servers):
         begins = await reader.beginning_offsets(tps)
         ends = await reader.end_offsets(tps)
     if isinstance(start, datetime):
-        at = int(_millis(start, 0))
-        firsts = await _time_starts(reader, tps, at, begins, ends, servers=servers,
+        at = int(millis(start, 0))
+        firsts = await time_starts(reader, tps, at, begins, ends, servers=servers,
                                     timeout=timeout)
     else:
         firsts = {tp: max(begins[tp], start or 0) for tp in tps}
@@ -78,7 +76,7 @@ async def _bounds(reader: AIOKafkaConsumer, tps: list[TopicPartition],
     return {tp: (firsts[tp], stops[tp]) for tp in tps}
 
 
-async def _time_starts(reader: AIOKafkaConsumer, tps: list[TopicPartition], at: int,
+async def time_starts(reader: AIOKafkaConsumer, tps: list[TopicPartition], at: int,
                        begins: dict[TopicPartition, int], ends: dict[TopicPartition, int], *,
                        servers: str, timeout: float) -> dict[TopicPartition, int]:
     """Where to start reading for records at or after ``at`` (ms), per partition.
@@ -89,7 +87,7 @@ async def _time_starts(reader: AIOKafkaConsumer, tps: list[TopicPartition], at: 
     than the first matching record), so a failed check falls back to the partition's
     beginning. Starting early is always safe: read_range filters by timestamp anyway.
     """
-    with _kafka_errors("looking up offsets by time", servers):
+    with kafka_errors("looking up offsets by time", servers):
         found = await reader.offsets_for_times({tp: at for tp in tps})
     starts = {}
     for tp in tps:
@@ -112,24 +110,24 @@ async def _older_before(reader: AIOKafkaConsumer, tp: TopicPartition, offset: in
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
-        records = await _poll(reader, tp, servers=servers)
+        records = await poll(reader, tp, servers=servers)
         if records:
             before = records[0]
             return bool(before.offset < offset and before.timestamp < at)
     return False
 
 
-async def _record_at(reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, *,
+async def record_at(reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, *,
                      servers: str, timeout: float) -> Any | None:
     """The record at ``offset``, where ``reader`` is positioned; None if the log has none
     there (it ends before, or the reader was stopped) within ``timeout``."""
-    with _kafka_errors("reading partition offsets", servers):
+    with kafka_errors("reading partition offsets", servers):
         if offset >= (await reader.end_offsets([tp]))[tp]:
             return None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
-        records = await _poll(reader, tp, servers=servers)
+        records = await poll(reader, tp, servers=servers)
         if records is None:
             return None
         if records:
@@ -138,6 +136,6 @@ async def _record_at(reader: AIOKafkaConsumer, tp: TopicPartition, offset: int, 
     return None
 
 
-def _millis(moment: int | datetime | None, unbounded: float) -> float:
+def millis(moment: int | datetime | None, unbounded: float) -> float:
     """A time bound in ms since the epoch; an offset or None puts no bound on time."""
     return moment.timestamp() * 1000 if isinstance(moment, datetime) else unbounded

@@ -1,0 +1,70 @@
+"""``KafkaSettings``: what a ``KafkaTransport`` was configured with, as one frozen value that its
+consumer-group members and readers read too. Imports nothing from aiokafka."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from debatebus.exceptions import ConfigError
+
+__all__ = ["POLL_MS", "KafkaSettings", "parse_servers"]
+
+POLL_MS: Final = 200  # how long one getmany waits when idle; bounds a fetch loop's reaction time
+
+
+def parse_servers(bootstrap_servers: str | Sequence[str]) -> str:
+    """``"h1:p1,h2:p2"`` from ``"host:port"``, ``"h1:p1,h2:p2"`` or a list of either."""
+    hosts = [bootstrap_servers] if isinstance(bootstrap_servers, str) else bootstrap_servers
+    servers = [h.strip() for entry in hosts for h in entry.split(",") if h.strip()]
+    if not servers:
+        raise ConfigError("KafkaTransport needs bootstrap servers, e.g. 'localhost:9092'")
+    return ",".join(servers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KafkaSettings:
+    """A ``KafkaTransport``'s configuration; its constructor's keyword arguments say what each
+    means, and hold the defaults."""
+
+    servers: str  # comma-separated host:port pairs: see ``parse_servers``
+    partitions: int
+    replication_factor: int
+    connect_timeout: float
+    request_timeout: float
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+    max_poll_interval_ms: int
+    revoke_grace_ms: int
+    fetch_max_wait_ms: int
+    max_request_size: int
+    client_id: str
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1 or self.replication_factor < 1:
+            raise ConfigError("partitions and replication_factor must be at least 1")
+
+    @property
+    def revoke_grace(self) -> float:
+        """``revoke_grace_ms`` in seconds."""
+        return self.revoke_grace_ms / 1000
+
+    @property
+    def fetch_options(self) -> dict[str, Any]:
+        """aiokafka consumer options of every consumer, group member or reader."""
+        # Tansu answers a parked fetch only when fetch_max_wait_ms runs out, not when data
+        # arrives (Kafka answers at once), so this bounds delivery latency there. 100 ms costs an
+        # idle consumer ten cheap fetches a second on Kafka; lower it for latency on Tansu.
+        return {"fetch_max_wait_ms": self.fetch_max_wait_ms}
+
+    @property
+    def group_options(self) -> dict[str, Any]:
+        """aiokafka consumer options of a group member."""
+        return {
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "max_poll_interval_ms": self.max_poll_interval_ms,
+            # aiokafka defaults this to the session timeout; the revoke hook may take the grace.
+            "rebalance_timeout_ms": self.session_timeout_ms + self.revoke_grace_ms,
+        }
