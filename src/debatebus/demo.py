@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from debatebus.cli.common import broker_url
 from debatebus.engine import Debate, Judge, Participant
+from debatebus.engine.definition import Protocol
 from debatebus.llm.base import LLM
 from debatebus.worker import DebateBus
 
@@ -16,7 +17,7 @@ __all__ = ["app", "build_app", "build_debate"]
 
 
 def build_debate(llm: LLM, *, judge: bool = True, rounds: int = 2,
-                 protocol: str = "round-robin") -> Debate:
+                 protocol: Protocol = "round-robin") -> Debate:
     participants = [
         Participant("optimist", "You argue for the proposal. Be concrete and brief."),
         Participant("critic", "You argue against the proposal. Name concrete risks. Be brief."),

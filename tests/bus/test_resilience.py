@@ -66,7 +66,9 @@ async def test_a_failed_settle_is_retried_until_it_lands_exactly_once(
         caplog: pytest.LogCaptureFixture) -> None:
     broker = MemoryBroker(claim_idle_s=0.5)
     broker.inject("settle", 4)
-    async with running(bus(broker)):
+    # Touched well within claim_idle_s, as a deployment's settings would: kept alive while the
+    # settle is retried, so it is never handed out a second time.
+    async with running(bus(broker, touch_interval_s=0.1)):
         await publish(broker, {"input": "t"}, "retry-1")
         await wait_until(lambda: broker.log(completed_topic(TOPIC)))
         await asyncio.sleep(0.7)  # past claim_idle_s: nothing is handed out again

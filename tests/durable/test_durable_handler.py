@@ -157,7 +157,7 @@ async def test_drift_strict_refuses_and_loose_resumes_by_round_number() -> None:
     assert "'durable' changed since debate 'd6' was checkpointed" in strict["debateError"]
     assert "drift='loose'" in strict["debateError"]
     llm = CountingLLM()
-    loose = await debate(llm, system="For, but louder.", drift="loose").as_handler(store=store)(
+    loose = await debate(llm, system="For, but louder.").as_handler(store=store, drift="loose")(
         {"input": "t"}, request_id="d6")
     assert loose["debateStatus"] == "completed"
     assert all(rnd >= 2 for _, rnd, _ in llm.calls if _ != "synthesis")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 
 import pytest
 from pydantic import BaseModel
 
 from debatebus import ConfigError, Debate, DebatebusError, Judge, Participant, Prompts, ScriptedLLM
+from debatebus.engine.definition import FAILURE_POLICIES, PROTOCOLS, DebateSpec
 
 
 def llm() -> ScriptedLLM:
@@ -165,3 +168,22 @@ def test_a_valid_debate_is_immutable_and_named():
     assert repr(d) == "Debate('d', ['alice', 'bob'], protocol='cross-pollination')"
     with pytest.raises(AttributeError):
         d.spec.max_rounds = 9  # type: ignore[misc]
+    assert d.name == "d"
+    assert d != Debate("d", two(), llm=llm(), protocol="cross-pollination")  # compared by identity
+
+
+def test_debate_arguments_are_the_spec_fields_and_the_literals_type_them():
+    params = inspect.signature(Debate).parameters
+    assert list(params) == [f.name for f in dataclasses.fields(DebateSpec) if f.init]
+    assert params["protocol"].annotation == "Protocol"
+    assert params["failure_policy"].annotation == "FailurePolicy"
+    assert PROTOCOLS == ("round-robin", "cross-pollination")
+    assert FAILURE_POLICIES == ("degrade", "strict")
+
+
+def test_drift_belongs_to_the_handler_not_the_debate():
+    with pytest.raises(TypeError, match="drift"):
+        Debate("d", two(), llm=llm(), drift="loose")  # type: ignore[call-arg]
+    assert Debate("d", two(), llm=llm()).as_handler(drift="loose") is not None
+    with pytest.raises(ConfigError, match="unknown drift 'lax': use 'strict' or 'loose'"):
+        Debate("d", two(), llm=llm()).as_handler(drift="lax")  # type: ignore[arg-type]

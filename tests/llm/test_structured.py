@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
+from debatebus.engine.rules import parse_verdict
 from debatebus.exceptions import LLMRateLimitError, LLMResponseError
-from debatebus.llm import LLMRequest, Message
+from debatebus.llm import LLMRequest, Message, ScriptedLLM
 from debatebus.llm.structured import (
     Completion,
     InvalidStructuredOutput,
@@ -108,3 +109,35 @@ async def test_error_text_is_redacted() -> None:
     with pytest.raises(LLMResponseError) as info:
         await complete_structured(JUDGE, send, model="m", redact=lambda t: t.replace("sk-", "x-"))
     assert "sk-abcdefghijklmnop" not in str(info.value)
+
+
+# ---- the one extractor, as the judge fallback and the fakes use it ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "summary"),
+    [
+        ('Ruling: {"consensus": true, "summary": "agreed"} done', "agreed"),
+        # a greedy {.*} would swallow both objects and parse neither
+        ('{"consensus": false, "summary": "first"} and later {"note": 1}', "first"),
+        ('```json\n{"consensus": true, "summary": "fenced"}\n```', "fenced"),
+    ],
+)
+def test_judge_text_fallback_uses_the_extractor(text: str, summary: str) -> None:
+    verdict = parse_verdict(Verdict, text, "m")
+    assert isinstance(verdict, Verdict)
+    assert verdict.summary == summary
+
+
+def test_judge_text_fallback_names_the_model_and_quotes_the_text() -> None:
+    with pytest.raises(LLMResponseError, match=r"judge model 'm' did not return a valid Verdict: "
+                                               r"'They mostly agree'"):
+        parse_verdict(Verdict, "They mostly agree", "m")
+
+
+async def test_scripted_json_text_goes_through_the_extractor() -> None:
+    llm = ScriptedLLM(['{"consensus": false, "summary": "no"} (that is all)', "{not json"])
+    response = await llm.complete(JUDGE)
+    assert response.structured == Verdict(consensus=False, summary="no")
+    with pytest.raises(LLMResponseError, match="is not valid JSON"):
+        await llm.complete(JUDGE)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from debatebus.cli.common import positive_int
 from debatebus.engine import Debate, interpret_phi_hat
+from debatebus.engine.definition import PROTOCOLS
 from debatebus.schemas import events as ev
 from debatebus.schemas.results import result_fields, to_builtins
 
@@ -22,7 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["add_parser", "run"]
 
-PROTOCOLS = ("round-robin", "cross-pollination")
 _PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red")
 _MODERATOR_COLOUR = "bright_white"
 _JUDGE_COLOUR = "red"

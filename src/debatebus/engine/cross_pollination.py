@@ -7,9 +7,11 @@ import asyncio
 from collections.abc import Mapping
 
 from debatebus.engine.definition import Participant
+from debatebus.engine.outcome import Outcome, SynthesisCall
 from debatebus.engine.phi import compute_phi_hat
-from debatebus.engine.rules import utility_text
-from debatebus.engine.run import DebateFailure, Run
+from debatebus.engine.rules import DebateFailure, require_a_survivor, utility_text
+from debatebus.engine.run import Run
+from debatebus.engine.steps import finish_round, frame, model_of, role_call, speak, start_round
 from debatebus.engine.transcript import Round, Turn
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE
@@ -39,9 +41,9 @@ async def _audience(run: Run) -> str:
     rnd = _committed(run, AUDIENCE)
     if rnd is None:
         who = run.spec.audience_speaker
-        usage_before = await run.start_round(AUDIENCE, "audience")
+        usage_before = await start_round(run, AUDIENCE, "audience")
         prompt = run.prompt("audience", who.name, AUDIENCE, audience=run.spec.audience)
-        response, elapsed = await run.role_call(who, "audience", AUDIENCE, prompt)
+        response, elapsed = await role_call(run, who, "audience", AUDIENCE, prompt)
         usage = response.usage or ZERO_USAGE
         turn = Turn(speaker=who.name, round=AUDIENCE, text=response.text, usage=usage)
         await run.emit(
@@ -50,11 +52,11 @@ async def _audience(run: Run) -> str:
             round=AUDIENCE,
             text=turn.text,
             usage=usage,
-            model=run.model_of(response, who),
+            model=model_of(run.spec, response, who),
             duration_ms=elapsed,
         )
         rnd = Round(number=AUDIENCE, turns=[turn], phase="audience")
-        await run.finish_round(rnd, usage_before, judged=False)
+        await finish_round(run, rnd, usage_before, judged=False)
     return f"Audience: {rnd.turns[0].text}\n"
 
 
@@ -69,7 +71,7 @@ async def _phase(
     rnd = _committed(run, number)
     if rnd is not None:
         return rnd
-    usage_before = await run.start_round(number, phase)
+    usage_before = await start_round(run, number, phase)
     lines = _position_lines(run, texts)
 
     async def turn(p: Participant) -> Turn:
@@ -83,7 +85,7 @@ async def _phase(
             penalizes=p.utility.penalizes if p.utility else "",
             positions=_positions_text(lines, exclude=p.name),
         )
-        return await run.speak(p, phase, number, prompt)
+        return await speak(run, p, phase, number, prompt)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -92,28 +94,25 @@ async def _phase(
         raise failures.exceptions[0] from None
     turns = [t.result() for t in tasks]
     if number == POSITION:  # a failed revision falls back to its position instead
-        run.all_failed(turns, number, phase)
+        require_a_survivor(turns, number, phase)
     rnd = Round(number=number, turns=turns, phase=phase)
-    run.satisfied = await run.finish_round(rnd, usage_before, judged=number == REVISION)
+    await finish_round(run, rnd, usage_before, judged=number == REVISION)
     return rnd
 
 
-async def run_cross_pollination(run: Run) -> None:
-    await run.frame()
+async def run_cross_pollination(run: Run) -> Outcome:
+    await frame(run)
     audience = await _audience(run)
-    positions = (
-        await _phase(run, POSITION, "position", audience, list(run.spec.participants), {})
-    ).texts()
+    everyone = list(run.spec.participants)
+    positions = (await _phase(run, POSITION, "position", audience, everyone, {})).texts()
     if len(positions) == 1:
-        run.sole_output = next(iter(positions.values()))
-        return
-    survivors = [p for p in run.spec.participants if p.name in positions]
+        return Outcome(False, sole_output=next(iter(positions.values())))
+    survivors = [p for p in everyone if p.name in positions]
     revision = await _phase(run, REVISION, "revision", audience, survivors, positions)
     revised = {**positions, **revision.texts()}  # a failed revision falls back to its position
-    if run.spec.judge is None and run.spec.until is None:
-        run.satisfied = True
-    run.phi_hat = compute_phi_hat(positions, revised)
-    await run.emit_phi()
+    # Without a judge or ``until``, the protocol itself is the stop rule.
+    no_rule = run.spec.judge is None and run.spec.until is None
+    satisfied = no_rule or run.stop_reached(REVISION)
     writer = run.spec.synthesis_speaker
     assert writer is not None  # validated at construction
     prompt = run.prompt(
@@ -123,4 +122,6 @@ async def run_cross_pollination(run: Run) -> None:
         audience=audience,
         positions=_positions_text(_position_lines(run, revised)),
     )
-    await run.synthesize(writer, REVISION, prompt)
+    return Outcome(
+        satisfied, compute_phi_hat(positions, revised), synthesis=SynthesisCall(writer, REVISION, prompt)
+    )

@@ -5,20 +5,22 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from debatebus.engine.cross_pollination import run_cross_pollination
-from debatebus.engine.definition import Budget, DebateSpec, Judge, Participant, Until, build_spec
+from debatebus.engine.definition import DebateSpec, Protocol
 from debatebus.engine.fingerprint import definition_hash
-from debatebus.engine.prompts import Prompts
+from debatebus.engine.outcome import Outcome
 from debatebus.engine.result import DebateResult, Progress
 from debatebus.engine.round_robin import run_round_robin
-from debatebus.engine.run import DebateFailure, OnCommit, OnEvent, Run
+from debatebus.engine.rules import DebateFailure
+from debatebus.engine.run import OnCommit, OnEvent, Run
+from debatebus.engine.steps import emit_phi, finish, synthesize
+from debatebus.engine.transcript import Turn
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.durable import DEFAULT_STORE_OUTAGE_S
+from debatebus.handlers.durable import DEFAULT_STORE_OUTAGE_S, Drift
 from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
-from debatebus.llm.base import LLM
 from debatebus.schemas import events as ev
 
 if TYPE_CHECKING:
@@ -27,67 +29,30 @@ if TYPE_CHECKING:
 
 __all__ = ["Debate"]
 
-_PROTOCOLS = {"round-robin": run_round_robin, "cross-pollination": run_cross_pollination}
+_PROTOCOLS: dict[Protocol, Callable[[Run], Awaitable[Outcome]]] = {
+    "round-robin": run_round_robin,
+    "cross-pollination": run_cross_pollination,
+}
 
 
-class Debate:
-    """A multi-agent debate definition. Validated on construction; immutable; safe to share."""
+class Debate(DebateSpec):
+    """A multi-agent debate definition. Validated on construction; immutable; safe to share.
 
-    def __init__(
-        self,
-        name: str,
-        participants: Sequence[Participant],
-        *,
-        llm: LLM | None = None,
-        moderator: Participant | None = None,
-        judge: Judge | None = None,
-        synthesizer: Participant | None = None,
-        protocol: str = "round-robin",
-        max_rounds: int = 3,
-        until: Until | None = None,
-        transcript_window: int | None = None,
-        failure_policy: str = "degrade",
-        prompts: Prompts | None = None,
-        word_limits: Mapping[str, int] | None = None,
-        audience: str | None = None,
-        budget: Budget | None = None,
-        deadline_s: float | None = None,
-        drift: str = "strict",
-    ) -> None:
-        if drift not in ("strict", "loose"):
-            raise ConfigError(f"unknown drift {drift!r}: use 'strict' or 'loose'")
-        self.drift = drift
-        self.spec: DebateSpec = build_spec(
-            name,
-            participants,
-            llm=llm,
-            moderator=moderator,
-            judge=judge,
-            synthesizer=synthesizer,
-            protocol=protocol,
-            max_rounds=max_rounds,
-            until=until,
-            transcript_window=transcript_window,
-            failure_policy=failure_policy,
-            prompts=prompts,
-            word_limits=word_limits,
-            audience=audience,
-            budget=budget,
-            deadline_s=deadline_s,
-        )
+    Its arguments are the fields of ``DebateSpec``, declared there only."""
 
     @property
-    def name(self) -> str:
-        return self.spec.name
+    def spec(self) -> DebateSpec:
+        """The definition the engine reads: this debate itself."""
+        return self
 
     @functools.cached_property
     def definition_hash(self) -> str:
         """Stable hash of the definition; checkpoints record it to detect drift on resume."""
-        return definition_hash(self.spec)
+        return definition_hash(self)
 
     def __repr__(self) -> str:
-        names = [p.name for p in self.spec.participants]
-        return f"Debate({self.spec.name!r}, {names}, protocol={self.spec.protocol!r})"
+        names = [p.name for p in self.participants]
+        return f"Debate({self.name!r}, {names}, protocol={self.protocol!r})"
 
     async def run(
         self,
@@ -107,7 +72,7 @@ class Debate:
         if max_rounds is not None and max_rounds < 1:
             raise ConfigError(f"max_rounds must be ≥ 1, got {max_rounds}")
         run = Run(
-            self.spec,
+            self,
             topic,
             debate_id or uuid.uuid4().hex,
             on_event=on_event,
@@ -119,28 +84,31 @@ class Debate:
         await run.emit(
             ev.DebateStarted,
             topic=topic,
-            debate_name=self.spec.name,
-            protocol=self.spec.protocol,
-            participants=[p.name for p in self.spec.participants],
+            debate_name=self.name,
+            protocol=self.protocol,
+            participants=[p.name for p in self.participants],
             max_rounds=run.max_rounds,
             resumed_from_round=run.resumed_from,
         )
-        return await run.finish(await self._drive(run))
+        return await self._play(run)
 
-    async def _drive(self, run: Run) -> str | None:
-        """Play the protocol; the error text when the debate fails, None when it completes."""
-        protocol = _PROTOCOLS[self.spec.protocol]
+    async def _play(self, run: Run) -> DebateResult:
+        """Play the protocol, then its synthesis, within the deadline. A DebateFailure or the
+        deadline ends the run failed, keeping what the protocol had decided (its Φ̂)."""
+        outcome: Outcome | None = None
+        synthesis: Turn | None = None
+        error: str | None = None
         try:
-            if self.spec.deadline_s is None:
-                await protocol(run)
-            else:
-                async with asyncio.timeout(self.spec.deadline_s):
-                    await protocol(run)
+            async with asyncio.timeout(self.deadline_s):
+                outcome = await _PROTOCOLS[self.protocol](run)
+                await emit_phi(run, outcome.phi_hat)
+                if outcome.synthesis is not None:
+                    synthesis = await synthesize(run, outcome.synthesis)
         except DebateFailure as failure:
-            return str(failure)
+            error = str(failure)
         except TimeoutError:
-            return f"debate {self.spec.name!r} exceeded its deadline of {self.spec.deadline_s} s"
-        return None
+            error = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s"
+        return await finish(run, outcome, synthesis, error)
 
     def as_handler(
         self,
@@ -151,6 +119,7 @@ class Debate:
         store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
         owner: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+        drift: Drift = "strict",
     ) -> DebateHandler:
         """An async ``handler(payload) -> dict`` for a bus (or a direct call); see handlers.
 
@@ -159,10 +128,11 @@ class Debate:
         Kafka → none, with a warning). A direct call without ``store`` keeps no checkpoints.
         ``durable=False`` turns checkpoints off. ``store_outage_s`` is how long a debate in
         flight waits for its store to come back; ``lease_ttl_s`` is how long a dead worker's
-        debate stays locked; ``owner`` names this worker in leases."""
+        debate stays locked; ``owner`` names this worker in leases. ``drift="strict"`` refuses to
+        resume a checkpoint written by another definition of this debate; ``"loose"`` resumes it
+        by round number."""
         from debatebus.handlers.handler import DebateHandler
 
         return DebateHandler(self, store=store, durable=durable, lease_ttl_s=lease_ttl_s,
                              store_outage_s=store_outage_s,
-                             owner=owner,
-                             max_input_bytes=max_input_bytes)
+                             owner=owner, max_input_bytes=max_input_bytes, drift=drift)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import KW_ONLY, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel
 
@@ -27,16 +27,19 @@ __all__ = [
     "PROTOCOLS",
     "Budget",
     "DebateSpec",
+    "FailurePolicy",
     "Judge",
     "Participant",
+    "Protocol",
+    "Until",
     "Utility",
     "Verdict",
 ]
 
 Protocol = Literal["round-robin", "cross-pollination"]
 FailurePolicy = Literal["degrade", "strict"]
-PROTOCOLS: tuple[str, ...] = ("round-robin", "cross-pollination")
-FAILURE_POLICIES: tuple[str, ...] = ("degrade", "strict")
+PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
+FAILURE_POLICIES: tuple[FailurePolicy, ...] = get_args(FailurePolicy)
 DEFAULT_WORD_LIMITS: Mapping[str, Mapping[str, int]] = {
     "round-robin": {},
     "cross-pollination": {"position": 60, "revision": 150, "synthesis": 380, "audience": 120},
@@ -90,35 +93,48 @@ class Budget:
 Until = Callable[["DebateState"], bool]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
 class DebateSpec:
-    """The validated, immutable definition a ``Debate`` runs."""
+    """The validated, immutable definition a ``Debate`` runs: its fields are ``Debate(...)``'s
+    arguments, declared here only. ``prompts``/``word_limits`` are kept as given; ``templates`` and
+    ``limits`` are them merged over the protocol's defaults."""
 
     name: str
-    participants: tuple[Participant, ...]
-    llm: LLM | None
-    moderator: Participant | None
-    judge: Judge | None
-    synthesizer: Participant | None
-    protocol: str
-    max_rounds: int
-    until: Until | None
-    transcript_window: int | None
-    failure_policy: str
-    prompts: Prompts
-    word_limits: Mapping[str, int]
-    audience: str | None
-    budget: Budget | None
-    deadline_s: float | None
+    participants: Sequence[Participant]
+    _: KW_ONLY
+    llm: LLM | None = None
+    moderator: Participant | None = None
+    judge: Judge | None = None
+    synthesizer: Participant | None = None
+    protocol: Protocol = "round-robin"
+    max_rounds: int = 3
+    until: Until | None = None
+    transcript_window: int | None = None
+    failure_policy: FailurePolicy = "degrade"
+    prompts: Prompts | None = None
+    word_limits: Mapping[str, int] | None = None
+    audience: str | None = None
+    budget: Budget | None = None
+    deadline_s: float | None = None
     # Derived once here rather than on every call of every run.
-    participant_names: str = field(init=False, repr=False, compare=False)
-    word_limit_texts: Mapping[str, str] = field(init=False, repr=False, compare=False)
+    templates: Prompts = field(init=False)
+    limits: Mapping[str, int] = field(init=False)
+    participant_names: str = field(init=False)
+    word_limit_texts: Mapping[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
-        names = ", ".join(p.name for p in self.participants)
-        limits = {phase: word_limit_text(self.word_limits, phase) for phase in self.word_limits}
-        object.__setattr__(self, "participant_names", names)
-        object.__setattr__(self, "word_limit_texts", limits)
+        limits = {**DEFAULT_WORD_LIMITS.get(self.protocol, {}), **(self.word_limits or {})}
+        base = CROSS_POLLINATION_PROMPTS if self.protocol == "cross-pollination" else DEFAULT_PROMPTS
+        derived = {
+            "participants": tuple(self.participants),
+            "templates": (self.prompts or Prompts()).merged_over(base),
+            "limits": limits,
+            "participant_names": ", ".join(p.name for p in self.participants),
+            "word_limit_texts": {phase: word_limit_text(limits, phase) for phase in limits},
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
+        validate(self)
 
     def llm_for(self, role: Participant | Judge) -> LLM:
         llm = role.llm or self.llm
@@ -143,58 +159,14 @@ class DebateSpec:
         return chosen or Participant("audience", "You model the audience of a debate.")
 
 
-def build_spec(
-    name: str,
-    participants: Sequence[Participant],
-    *,
-    llm: LLM | None,
-    moderator: Participant | None,
-    judge: Judge | None,
-    synthesizer: Participant | None,
-    protocol: str,
-    max_rounds: int,
-    until: Until | None,
-    transcript_window: int | None,
-    failure_policy: str,
-    prompts: Prompts | None,
-    word_limits: Mapping[str, int] | None,
-    audience: str | None,
-    budget: Budget | None,
-    deadline_s: float | None,
-) -> DebateSpec:
-    limits = dict(DEFAULT_WORD_LIMITS.get(protocol, {}))
-    limits.update(word_limits or {})
-    spec = DebateSpec(
-        name=name,
-        participants=tuple(participants),
-        llm=llm,
-        moderator=moderator,
-        judge=judge,
-        synthesizer=synthesizer,
-        protocol=protocol,
-        max_rounds=max_rounds,
-        until=until,
-        transcript_window=transcript_window,
-        failure_policy=failure_policy,
-        prompts=(prompts or Prompts()).merged_over(
-            CROSS_POLLINATION_PROMPTS if protocol == "cross-pollination" else DEFAULT_PROMPTS
-        ),
-        word_limits=limits,
-        audience=audience,
-        budget=budget,
-        deadline_s=deadline_s,
-    )
-    validate(spec, prompts)
-    return spec
-
-
-def validate(spec: DebateSpec, prompts: Prompts | None) -> None:
+def validate(spec: DebateSpec) -> None:
+    """Raise ConfigError naming what to fix; the given prompts are checked, not the defaults."""
     _validate_shape(spec)
     _validate_llms(spec)
     _validate_judge(spec)
-    if prompts is not None:
-        for f in fields(prompts):
-            template = getattr(prompts, f.name)
+    if spec.prompts is not None:
+        for f in fields(spec.prompts):
+            template = getattr(spec.prompts, f.name)
             if template is not None:
                 validate_template(f.name, template)
 

@@ -55,7 +55,7 @@ def _prompts(spec: DebateSpec) -> dict[str, str]:
         "position",
         "revision",
     ):
-        template = spec.prompts.get(name)
+        template = spec.templates.get(name)
         out[name] = template if isinstance(template, str) else _callable_name(template)
     return out
 
@@ -72,7 +72,7 @@ def definition_hash(spec: DebateSpec) -> str:
         "prompts": _prompts(spec),
         "maxRounds": spec.max_rounds,
         "window": spec.transcript_window,
-        "wordLimits": dict(sorted(spec.word_limits.items())),
+        "wordLimits": dict(sorted(spec.limits.items())),
         "audience": spec.audience,
         "until": _callable_name(spec.until) if spec.until else None,
         "failurePolicy": spec.failure_policy,

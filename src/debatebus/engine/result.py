@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
+
+from pydantic import BaseModel
 
 from debatebus.engine.transcript import Round, Transcript, Turn
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
@@ -24,7 +26,8 @@ class DebateResult:
     output: str
     status: Status
     satisfied: bool
-    verdict: Any
+    #: The judge's last verdict: an instance of its schema (``Verdict`` by default), or None.
+    verdict: BaseModel | None
     error: str | None
     token_usage: TokenUsage
     phi_hat: float | None
@@ -51,7 +54,7 @@ class DebateState:
     round: int
     rounds: Sequence[Round]
     framing: str | None
-    verdict: Any
+    verdict: BaseModel | None
     token_usage: TokenUsage
     calls: int
 

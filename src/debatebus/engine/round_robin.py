@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from debatebus.engine.rules import round_robin_phi
+from debatebus.engine.outcome import Outcome, SynthesisCall
+from debatebus.engine.rules import require_a_survivor, round_robin_phi
 from debatebus.engine.run import Run
+from debatebus.engine.steps import finish_round, frame, speak, start_round
 from debatebus.engine.transcript import Round, Turn, render_turns
 
 __all__ = ["run_round_robin"]
@@ -18,40 +20,41 @@ def _window_text(run: Run, number: int, current: list[Turn]) -> str:
     return "\n\n".join(parts)
 
 
-async def _play_round(run: Run, number: int) -> Round:
+async def _play_round(run: Run, number: int) -> bool:
+    """Play, judge and commit round ``number``; True when the stop rule is met."""
     phase = "opening" if number == 1 else "rebuttal"
-    usage_before = await run.start_round(number, phase)
+    usage_before = await start_round(run, number, phase)
     turns: list[Turn] = []
     for participant in run.spec.participants:
         prompt = run.prompt(phase, participant.name, number, _window_text(run, number, turns))
-        turns.append(await run.speak(participant, phase, number, prompt))
-    run.all_failed(turns, number, phase)
-    rnd = Round(number=number, turns=turns, phase=phase)
-    run.satisfied = await run.finish_round(rnd, usage_before, judged=True)
-    return rnd
+        turns.append(await speak(run, participant, phase, number, prompt))
+    require_a_survivor(turns, number, phase)
+    await finish_round(run, Round(number=number, turns=turns, phase=phase), usage_before,
+                       judged=True)
+    return run.stop_reached(number)
 
 
-async def run_round_robin(run: Run) -> None:
-    await run.frame()
+async def run_round_robin(run: Run) -> Outcome:
+    await frame(run)
     rounds = run.progress.rounds
     # A resumed debate whose last committed round already met the stop rule goes to synthesis.
-    run.satisfied = bool(rounds) and run.stop_reached(rounds[-1].number)
+    satisfied = bool(rounds) and run.stop_reached(rounds[-1].number)
     number = len(rounds)
-    while not run.satisfied and number < run.max_rounds:
+    while not satisfied and number < run.max_rounds:
         number += 1
-        await _play_round(run, number)
-    run.phi_hat = round_robin_phi(run.progress.rounds)
-    await run.emit_phi()
-    await _conclude(run)
+        satisfied = await _play_round(run, number)
+    return _conclude(run, satisfied, round_robin_phi(run.progress.rounds))
 
 
-async def _conclude(run: Run) -> None:
+def _conclude(run: Run, satisfied: bool, phi_hat: float | None) -> Outcome:
+    """A sole survivor of the last round speaks for the debate; else the synthesizer (or the
+    moderator), if any, writes a synthesis."""
     last = run.progress.rounds[-1]
     survivors = [t for t in last.turns if not t.failed]
     if len(run.spec.participants) > 1 and len(survivors) == 1:
-        run.sole_output = survivors[0].text
-        return
+        return Outcome(satisfied, phi_hat, sole_output=survivors[0].text)
     writer = run.spec.synthesizer or run.spec.moderator
-    if writer is not None:
-        prompt = run.prompt("synthesis", writer.name, last.number, run.full_transcript())
-        await run.synthesize(writer, last.number, prompt)
+    if writer is None:
+        return Outcome(satisfied, phi_hat)
+    prompt = run.prompt("synthesis", writer.name, last.number, run.full_transcript())
+    return Outcome(satisfied, phi_hat, synthesis=SynthesisCall(writer, last.number, prompt))

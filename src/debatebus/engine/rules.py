@@ -1,32 +1,63 @@
-"""Pure decisions of a debate: stop conditions, survivors, output and scores, as functions of values."""
+"""Pure decisions of a debate: budgets, stop conditions, survivors, output and scores, as
+functions of values."""
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Sequence
-from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from debatebus.engine.definition import DebateSpec, Participant
+from debatebus.engine.definition import Budget, DebateSpec, Participant
 from debatebus.engine.phi import compute_phi_hat
-from debatebus.engine.prompts import word_limit_text
 from debatebus.engine.result import DebateState
 from debatebus.engine.transcript import Round, Turn
-from debatebus.exceptions import LLMResponseError
+from debatebus.exceptions import BudgetExceededError, LLMResponseError
+from debatebus.llm.base import LLMRequest
+from debatebus.llm.structured import InvalidStructuredOutput, parse_structured
+from debatebus.schemas.usage import TokenUsage
 
 __all__ = [
+    "DebateFailure",
+    "check_budget",
     "consensus_reached",
     "first_and_last_texts",
     "latest_verdict",
     "output_of",
     "parse_verdict",
+    "require_a_survivor",
     "round_robin_phi",
     "stop_reached",
     "utility_text",
-    "word_limit_text",
 ]
+
+
+class DebateFailure(Exception):
+    """Ends a run with status ``failed``; the message becomes the result's ``error``."""
+
+
+def check_budget(budget: Budget, calls: int, usage: TokenUsage, request: LLMRequest) -> None:
+    """Raise BudgetExceededError when ``calls``/``usage`` (spent so far) leave no room for
+    ``request``."""
+    if budget.max_calls is not None and calls >= budget.max_calls:
+        raise BudgetExceededError(
+            f"budget max_calls={budget.max_calls} reached: {calls} calls made before "
+            f"{request.purpose} by {request.speaker!r} in round {request.round}"
+        )
+    limit = budget.max_total_tokens
+    if limit is not None and usage.total_tokens >= limit:
+        raise BudgetExceededError(
+            f"budget max_total_tokens={limit} reached: {usage.total_tokens} tokens spent "
+            f"before {request.purpose} by {request.speaker!r} in round {request.round}"
+        )
+
+
+def require_a_survivor(turns: Sequence[Turn], number: int, phase: str) -> None:
+    """A round where every participant failed fails the debate."""
+    if turns and all(t.failed for t in turns):
+        raise DebateFailure(
+            f"every participant failed in round {number} ({phase}); first error: "
+            f"{turns[0].error}"
+        )
 
 
 def stop_reached(
@@ -43,7 +74,7 @@ def consensus_reached(verdict: object) -> bool:
     return getattr(verdict, "consensus", False) is True
 
 
-def latest_verdict(rounds: Sequence[Round]) -> Any:
+def latest_verdict(rounds: Sequence[Round]) -> BaseModel | None:
     return next((r.verdict for r in reversed(rounds) if r.verdict is not None), None)
 
 
@@ -85,16 +116,11 @@ def output_of(synthesis: Turn | None, rounds: Sequence[Round], sole: str | None 
     return lines_of(rounds[-1].turns) if rounds else ""
 
 
-_JSON_OBJECT = re.compile(r"\{.*\}", re.DOTALL)
-
-
 def parse_verdict(schema: type[BaseModel], text: str, model: str) -> BaseModel:
     """Validate a judge's text answer when the model gave no structured object."""
-    match = _JSON_OBJECT.search(text)
     try:
-        data: Any = json.loads(match.group(0)) if match else None
-        return schema.model_validate(data)
-    except (ValueError, ValidationError) as exc:
+        return parse_structured(text, schema)
+    except InvalidStructuredOutput as exc:
         raise LLMResponseError(
             f"judge model {model!r} did not return a valid {schema.__name__}: {text[:200]!r}"
         ) from exc

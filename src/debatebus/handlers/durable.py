@@ -28,7 +28,7 @@ import secrets
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore, Opening
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STORE_OUTAGE_S",
+    "Drift",
     "DurableRunner",
     "LeaseKeeper",
     "default_owner",
@@ -68,6 +69,9 @@ T = TypeVar("T")
 
 #: How long a debate in flight waits for its store to come back before giving up its delivery.
 DEFAULT_STORE_OUTAGE_S = 120.0
+#: What a run does with a checkpoint written by another definition of its debate: refuse it
+#: (``strict``) or resume it by round number (``loose``).
+Drift = Literal["strict", "loose"]
 
 
 def default_owner() -> str:
@@ -130,8 +134,9 @@ class DurableRunner:
 
     def __init__(self, debate: Debate, store: CheckpointStore, *, owner: str | None = None,
                  lease_ttl_s: float = 30.0, lease_poll_s: float = 1.0,
-                 store_outage_s: float = DEFAULT_STORE_OUTAGE_S) -> None:
+                 store_outage_s: float = DEFAULT_STORE_OUTAGE_S, drift: Drift = "strict") -> None:
         self.debate = debate
+        self.drift = drift
         self.store = store
         self.owner = owner or default_owner()
         self.lease_poll_s = lease_poll_s
@@ -219,7 +224,7 @@ class DurableRunner:
         first = header if stored is None or stored == encoded else decode_header(stored)
         if not ask.matches(first.fingerprint, first.topic):
             raise reused_id(ask)
-        if first.definition_hash != header.definition_hash and self.debate.drift == "strict":
+        if first.definition_hash != header.definition_hash and self.drift == "strict":
             return (f"debate {header.debate_name!r} changed since debate {ask.debate_id!r} was "
                     f"checkpointed (definition {first.definition_hash} → "
                     f"{header.definition_hash}): resume with drift='loose', or send "

@@ -21,6 +21,7 @@ from debatebus.exceptions import ConfigError
 from debatebus.handlers.checkpointing import Ask
 from debatebus.handlers.durable import (
     DEFAULT_STORE_OUTAGE_S,
+    Drift,
     DurableRunner,
 )
 from debatebus.handlers.inputs import (
@@ -88,10 +89,13 @@ class DebateHandler:
         store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
         owner: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+        drift: Drift = "strict",
     ) -> None:
         if store is not None and not durable:
             raise ConfigError("durable=False with a store: drop store= for a handler without "
                               "checkpoints, or drop durable=False to use the store")
+        if drift not in ("strict", "loose"):
+            raise ConfigError(f"unknown drift {drift!r}: use 'strict' or 'loose'")
         for name, value in (("lease_ttl_s", lease_ttl_s), ("store_outage_s", store_outage_s)):
             if not (value > 0 and math.isfinite(value)):  # also rejects NaN
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -101,6 +105,7 @@ class DebateHandler:
         self._lease_ttl_s = lease_ttl_s
         self._store_outage_s = store_outage_s
         self._owner = owner
+        self._drift = drift
         self.runner: DurableRunner | None = None
         self._flights = _SingleFlight()
         if store is not None:
@@ -108,7 +113,7 @@ class DebateHandler:
 
     def _runner(self, store: CheckpointStore) -> DurableRunner:
         return DurableRunner(self.debate, store, owner=self._owner, lease_ttl_s=self._lease_ttl_s,
-                             store_outage_s=self._store_outage_s)
+                             store_outage_s=self._store_outage_s, drift=self._drift)
 
     @property
     def name(self) -> str:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from debatebus.exceptions import LLMResponseError, ScriptExhaustedError
 from debatebus.llm.base import LLMRequest, LLMResponse
 from debatebus.llm.retry import Redactor
+from debatebus.llm.structured import extract_json_object
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["FunctionLLM", "ScriptedLLM", "word_usage"]
@@ -47,14 +48,14 @@ def _structured(request: LLMRequest, data: Any, model: str, text: str) -> BaseMo
         ) from exc
 
 
-def _parse_json(request: LLMRequest, text: str, model: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError as exc:
+def _parse_json(request: LLMRequest, text: str, model: str) -> dict[str, Any]:
+    data = extract_json_object(text)
+    if data is None:
         raise LLMResponseError(
-            f"{model}: scripted output {text[:200]!r} is not valid JSON: {exc}",
+            f"{model}: scripted output {text[:200]!r} is not valid JSON: it holds no JSON object",
             usage=word_usage(request, text),
-        ) from exc
+        )
+    return data
 
 
 def _to_response(request: LLMRequest, reply: object, model: str) -> LLMResponse:
@@ -76,6 +77,19 @@ def _to_response(request: LLMRequest, reply: object, model: str) -> LLMResponse:
             structured = _structured(request, _parse_json(request, reply, model), model, reply)
         return LLMResponse(reply, structured, word_usage(request, reply), model)
     raise TypeError(f"{model}: cannot turn {type(reply).__name__} into a response")
+
+
+async def _respond(request: LLMRequest, reply: Callable[[], Any], model: str) -> LLMResponse:
+    """``reply()`` (awaited when it gives an awaitable) as a response; whatever it raises, or
+    returns as an exception, is raised with its secrets masked."""
+    try:
+        answer = reply()
+        if inspect.isawaitable(answer):
+            answer = await answer
+        return _to_response(request, answer, model)
+    except Exception as exc:
+        _REDACTOR.scrub(exc)
+        raise
 
 
 class ScriptedLLM:
@@ -112,15 +126,9 @@ class ScriptedLLM:
             )
         reply: Any = self._responses[self._next]
         self._next += 1
-        try:
-            if callable(reply) and not isinstance(reply, BaseException | type):
-                reply = reply(request)
-                if inspect.isawaitable(reply):
-                    reply = await reply
-            return _to_response(request, reply, self._model)
-        except Exception as exc:
-            _REDACTOR.scrub(exc)
-            raise
+        if callable(reply) and not isinstance(reply, BaseException | type):
+            return await _respond(request, lambda: reply(request), self._model)
+        return await _respond(request, lambda: reply, self._model)
 
 
 class FunctionLLM:
@@ -135,7 +143,6 @@ class FunctionLLM:
         model: str = "function",
     ) -> None:
         self._fn = fn
-        self._is_async = inspect.iscoroutinefunction(fn)
         self._model = model
         self.requests: list[LLMRequest] = []
 
@@ -145,11 +152,4 @@ class FunctionLLM:
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         self.requests.append(request)
-        try:
-            reply = await self._fn(request) if self._is_async else self._fn(request)
-            if inspect.isawaitable(reply):
-                reply = await reply
-            return _to_response(request, reply, self._model)
-        except Exception as exc:
-            _REDACTOR.scrub(exc)
-            raise
+        return await _respond(request, lambda: self._fn(request), self._model)

@@ -1,0 +1,245 @@
+"""The steps a protocol takes over a ``Run``: turns under the failure policy, role calls (framing,
+judge, synthesis), round bookkeeping, and the final result with its event."""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import BaseModel
+
+from debatebus.engine.definition import DebateSpec, Judge, Participant
+from debatebus.engine.outcome import Outcome, SynthesisCall
+from debatebus.engine.phi import interpret_phi_hat
+from debatebus.engine.result import DebateResult
+from debatebus.engine.rules import DebateFailure, latest_verdict, output_of, parse_verdict
+from debatebus.engine.run import Run
+from debatebus.engine.transcript import Round, Turn, render_round
+from debatebus.exceptions import BudgetExceededError, LLMError
+from debatebus.llm.base import LLMRequest, LLMResponse, Message, model_name
+from debatebus.schemas import events as ev
+from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+
+__all__ = [
+    "debate_result",
+    "emit_phi",
+    "finish",
+    "finish_round",
+    "frame",
+    "judge",
+    "model_of",
+    "request_for",
+    "role_call",
+    "speak",
+    "start_round",
+    "synthesize",
+]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def request_for(
+    who: Participant | Judge,
+    purpose: str,
+    number: int,
+    prompt: str,
+    schema: type[BaseModel] | None = None,
+) -> LLMRequest:
+    return LLMRequest(
+        who.system_prompt, (Message("user", prompt),), schema, None, who.name, purpose, number
+    )
+
+
+def model_of(spec: DebateSpec, response: LLMResponse, who: Participant | Judge) -> str:
+    return response.model or model_name(spec.llm_for(who))
+
+
+async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: str) -> Turn:
+    """A participant's turn under the failure policy: a failed call becomes a failed turn."""
+    llm = run.spec.llm_for(who)
+    started = time.perf_counter()
+    try:
+        response, elapsed = await run.call(llm, request_for(who, purpose, number, prompt))
+    except BudgetExceededError as exc:
+        raise DebateFailure(str(exc)) from exc
+    except Exception as exc:
+        usage = exc.usage if isinstance(exc, LLMError) and exc.usage else ZERO_USAGE
+        error = _describe(exc)
+        await run.emit(
+            ev.TurnFailed,
+            speaker=who.name,
+            round=number,
+            text="",
+            error=error,
+            usage=usage,
+            model=model_name(llm),
+            duration_ms=(time.perf_counter() - started) * 1000.0,
+        )
+        if run.spec.failure_policy == "strict":
+            raise DebateFailure(
+                f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
+            ) from exc
+        return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
+    usage = response.usage or ZERO_USAGE
+    if run.on_event is not None:
+        await run.emit(
+            ev.TurnCompleted,
+            speaker=who.name,
+            round=number,
+            text=response.text,
+            usage=usage,
+            model=response.model or model_name(llm),
+            duration_ms=elapsed,
+        )
+    return Turn(speaker=who.name, round=number, text=response.text, usage=usage)
+
+
+async def role_call(
+    run: Run,
+    who: Participant | Judge,
+    purpose: str,
+    number: int,
+    prompt: str,
+    schema: type[BaseModel] | None = None,
+) -> tuple[LLMResponse, float]:
+    """A moderator, judge or synthesizer call: any failure fails the debate."""
+    try:
+        return await run.call(
+            run.spec.llm_for(who), request_for(who, purpose, number, prompt, schema)
+        )
+    except Exception as exc:
+        raise DebateFailure(
+            f"{purpose} by {who.name!r} failed in round {number}: {_describe(exc)}"
+        ) from exc
+
+
+async def frame(run: Run) -> None:
+    """The moderator frames the topic once; a resumed debate keeps its committed framing."""
+    moderator = run.spec.moderator
+    if moderator is None or run.progress.framing is not None:
+        return
+    prompt = run.prompt("framing", moderator.name, 0)
+    response, elapsed = await role_call(run, moderator, "framing", 0, prompt)
+    usage = response.usage or ZERO_USAGE
+    turn = Turn(speaker=moderator.name, round=0, text=response.text, usage=usage)
+    await run.commit_framing(turn)
+    await run.emit(
+        ev.FramingCompleted,
+        speaker=moderator.name,
+        text=turn.text,
+        usage=usage,
+        model=model_of(run.spec, response, moderator),
+        duration_ms=elapsed,
+    )
+
+
+async def judge(run: Run, rnd: Round, transcript: str) -> BaseModel:
+    judge = run.spec.judge
+    assert judge is not None
+    prompt = run.prompt("judge", judge.name, rnd.number, transcript)
+    response, elapsed = await role_call(run, judge, "judge", rnd.number, prompt, judge.schema)
+    verdict = response.structured
+    if verdict is None:
+        try:
+            verdict = parse_verdict(judge.schema, response.text, model_of(run.spec, response, judge))
+        except LLMError as exc:
+            raise DebateFailure(str(exc)) from exc
+    if run.on_event is not None:  # dumping a verdict costs more than the rest of a call
+        await run.emit(
+            ev.VerdictReached,
+            round=rnd.number,
+            verdict=verdict.model_dump(mode="json"),
+            usage=response.usage or ZERO_USAGE,
+            speaker=judge.name,
+            model=model_of(run.spec, response, judge),
+            duration_ms=elapsed,
+        )
+    return verdict
+
+
+async def synthesize(run: Run, call: SynthesisCall) -> Turn:
+    who = call.writer
+    response, elapsed = await role_call(run, who, "synthesis", call.round, call.prompt)
+    usage = response.usage or ZERO_USAGE
+    await run.emit(
+        ev.SynthesisCompleted,
+        speaker=who.name,
+        text=response.text,
+        usage=usage,
+        model=model_of(run.spec, response, who),
+        duration_ms=elapsed,
+    )
+    return Turn(speaker=who.name, round=call.round, text=response.text, usage=usage)
+
+
+async def start_round(run: Run, number: int, phase: str) -> TokenUsage:
+    """Announce a round; the usage so far, from which the round's own usage is counted."""
+    await run.emit(ev.RoundStarted, round=number, phase=phase)
+    return run.progress.usage
+
+
+async def finish_round(run: Run, rnd: Round, usage_before: TokenUsage, *, judged: bool) -> None:
+    """Judge (when ``judged`` and the debate has a judge), commit and report a round."""
+    rendered = render_round(rnd)
+    if judged and run.spec.judge is not None:
+        rnd.verdict = await judge(run, rnd, run.full_transcript(rendered))
+    rnd.usage = run.progress.usage - usage_before
+    await run.commit_round(rnd, rendered)
+    await run.emit(ev.RoundCompleted, round=rnd.number, phase=rnd.phase, usage=rnd.usage)
+
+
+async def emit_phi(run: Run, phi_hat: float | None) -> None:
+    if phi_hat is not None:
+        await run.emit(ev.PhiUpdate, phi_hat=phi_hat, level=interpret_phi_hat(phi_hat))
+
+
+def debate_result(
+    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None
+) -> DebateResult:
+    """The run's state and its protocol's outcome (None when the debate failed before one)."""
+    rounds = run.progress.rounds
+    sole = outcome.sole_output if outcome is not None else None
+    return DebateResult(
+        debate_id=run.debate_id,
+        topic=run.topic,
+        rounds=list(rounds),
+        framing=run.progress.framing.text if run.progress.framing else None,
+        synthesis=synthesis.text if synthesis else None,
+        output=output_of(synthesis, rounds, sole),
+        status="failed" if error is not None else "completed",
+        satisfied=outcome is not None and outcome.satisfied and error is None,
+        verdict=latest_verdict(rounds),
+        error=error,
+        token_usage=run.progress.usage,
+        phi_hat=outcome.phi_hat if outcome is not None else None,
+        duration_ms=(time.perf_counter() - run.started) * 1000.0,
+        calls=run.progress.calls,
+        debate_name=run.spec.name,
+        resumed_from_round=run.resumed_from,
+    )
+
+
+async def finish(
+    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None
+) -> DebateResult:
+    """The result, announced as DebateCompleted or DebateFailed."""
+    result = debate_result(run, outcome, synthesis, error)
+    if error is None:
+        await run.emit(
+            ev.DebateCompleted,
+            rounds=len(result.rounds),
+            satisfied=result.satisfied,
+            output=result.output,
+            token_usage=result.token_usage,
+            duration_ms=result.duration_ms,
+        )
+    else:
+        await run.emit(
+            ev.DebateFailed,
+            rounds=len(result.rounds),
+            error=error,
+            token_usage=result.token_usage,
+            duration_ms=result.duration_ms,
+        )
+    return result
