@@ -26,19 +26,18 @@ import asyncio
 import contextlib
 import itertools
 import socket
-import ssl
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import hiredis
 from redis import exceptions as redis_errors
-from redis.asyncio import ConnectionPool, Redis
-from redis.asyncio.connection import SSLConnection
+from redis.asyncio import Redis
 
 from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 from debatebus.transports.redis_common import Command, pack_commands, transport_error
+from debatebus.transports.redis_endpoint import Endpoint, reply_error
 
 __all__ = ["Check", "CommandBatcher"]
 
@@ -46,120 +45,6 @@ __all__ = ["Check", "CommandBatcher"]
 Check = Callable[[list[Any]], list[Any]]
 
 _MORE = object()  # hiredis: not enough data for a whole reply yet
-
-#: Error replies by their first word, as redis-py's public exception classes (so ``NOSCRIPT`` is a
-#: ``NoScriptError``); anything else is a ``ResponseError``. The message keeps the first word.
-_ERRORS_BY_CODE: Mapping[str, type[redis_errors.RedisError]] = {
-    "WRONGPASS": redis_errors.AuthenticationError,
-    "NOAUTH": redis_errors.AuthenticationError,
-    "NOPERM": redis_errors.NoPermissionError,
-    "EXECABORT": redis_errors.ExecAbortError,
-    "LOADING": redis_errors.BusyLoadingError,
-    "NOSCRIPT": redis_errors.NoScriptError,
-    "READONLY": redis_errors.ReadOnlyError,
-    "OOM": redis_errors.OutOfMemoryError,
-    "MASTERDOWN": redis_errors.MasterDownError,
-    "TRYAGAIN": redis_errors.TryAgainError,
-}
-#: ``ERR`` replies worth a class of their own, by how their text starts.
-_ERR_BY_TEXT: Mapping[str, type[redis_errors.RedisError]] = {
-    "ERR max number of clients reached": redis_errors.ConnectionError,
-    "ERR invalid password": redis_errors.AuthenticationError,
-    "ERR AUTH <password> called without any password": redis_errors.AuthenticationError,
-    "ERR Client sent AUTH, but no password is set": redis_errors.AuthenticationError,
-}
-
-_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
-
-
-def _reply_error(text: str) -> redis_errors.RedisError:
-    """hiredis's ``replyError`` hook: an error reply → the redis-py exception it stands for."""
-    kind = _ERRORS_BY_CODE.get(text.split(" ", 1)[0])
-    if kind is None and text.startswith("ERR "):
-        kind = next((k for prefix, k in _ERR_BY_TEXT.items() if text.startswith(prefix)), None)
-    return (kind or redis_errors.ResponseError)(text)
-
-
-# ---- where and how to connect -----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Endpoint:
-    """The connection settings, read from the client's public pool settings."""
-
-    host: str
-    port: int
-    path: str | None
-    tls: ssl.SSLContext | None
-    connect_timeout: float
-    keepalive: bool
-    db: int
-    client_name: str | None
-    username: str | None = field(repr=False)
-    password: str | None = field(repr=False)
-    credentials: Any = field(repr=False)  # a redis-py CredentialProvider, or None
-
-    @classmethod
-    def of(cls, pool: ConnectionPool, default_timeout: float) -> _Endpoint:
-        kwargs: Mapping[str, Any] = pool.connection_kwargs
-        if "host" not in kwargs and "path" not in kwargs:  # e.g. a Sentinel-managed pool
-            raise ConfigError("the Redis batcher needs a client with a host and port or a unix "
-                              "socket path (a redis://, rediss:// or unix:// URL)")
-        tls = _tls_context(kwargs) if issubclass(pool.connection_class, SSLConnection) else None
-        timeout = kwargs.get("socket_connect_timeout") or default_timeout
-        return cls(host=str(kwargs.get("host") or "localhost"), port=int(kwargs.get("port") or 6379),
-                   path=kwargs.get("path"), tls=tls, connect_timeout=float(timeout),
-                   keepalive=bool(kwargs.get("socket_keepalive")), db=int(kwargs.get("db") or 0),
-                   client_name=kwargs.get("client_name"), username=kwargs.get("username"),
-                   password=kwargs.get("password"), credentials=kwargs.get("credential_provider"))
-
-    def handshake(self) -> list[Command]:
-        """What to send before the first pipeline: AUTH, the client's name, SELECT. Never HELLO:
-        the connection stays on RESP2."""
-        username, password = self.username, self.password
-        if self.credentials is not None:
-            *user, password = self.credentials.get_credentials()
-            username = user[0] if user else None
-        commands: list[Command] = []
-        if password:
-            commands.append(("AUTH", username, password) if username else ("AUTH", password))
-        if self.client_name:
-            commands.append(("CLIENT", "SETNAME", self.client_name))
-        if self.db:
-            commands.append(("SELECT", self.db))
-        return commands
-
-
-def _tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
-    """An ``SSLContext`` from redis-py's ``ssl_*`` options, with redis-py's defaults."""
-    reqs = options.get("ssl_cert_reqs") or "required"
-    if isinstance(reqs, str):
-        if reqs.lower() not in _CERT_REQS:
-            raise ConfigError(f"ssl_cert_reqs must be none, optional or required, not {reqs!r}")
-        reqs = _CERT_REQS[reqs.lower()]
-    context = ssl.create_default_context()
-    context.check_hostname = bool(options.get("ssl_check_hostname", True)) and reqs != ssl.CERT_NONE
-    context.verify_mode = reqs
-    for flag in options.get("ssl_include_verify_flags") or ():
-        context.verify_flags |= flag
-    for flag in options.get("ssl_exclude_verify_flags") or ():
-        context.verify_flags &= ~flag
-    try:
-        if options.get("ssl_certfile") or options.get("ssl_keyfile"):
-            context.load_cert_chain(options.get("ssl_certfile") or "", options.get("ssl_keyfile"),
-                                    password=options.get("ssl_password"))
-        if options.get("ssl_ca_certs") or options.get("ssl_ca_data") or options.get("ssl_ca_path"):
-            context.load_verify_locations(cafile=options.get("ssl_ca_certs"),
-                                          capath=options.get("ssl_ca_path"),
-                                          cadata=options.get("ssl_ca_data"))
-        if options.get("ssl_min_version") is not None:
-            context.minimum_version = options["ssl_min_version"]
-        if options.get("ssl_ciphers"):
-            context.set_ciphers(options["ssl_ciphers"])
-    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-        raise ConfigError(f"cannot use the TLS files or options given for Redis: {e}") from e
-    return context
-
 
 # ---- the wire ---------------------------------------------------------------------------------
 
@@ -194,7 +79,7 @@ class _Wire(asyncio.Protocol):
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.sent = 0
         self.reader = hiredis.Reader(protocolError=redis_errors.InvalidResponse,
-                                     replyError=_reply_error, notEnoughData=_MORE)
+                                     replyError=reply_error, notEnoughData=_MORE)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -253,7 +138,7 @@ class _Wire(asyncio.Protocol):
             pipeline.settle(pipeline, self.lost)
 
 
-async def _open(endpoint: _Endpoint, where: str) -> _Wire:
+async def _open(endpoint: Endpoint, where: str) -> _Wire:
     """A new connection, handshake done, within the endpoint's connect timeout."""
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(endpoint.connect_timeout):
@@ -319,7 +204,7 @@ class CommandBatcher:
 
     def __init__(self, client: Redis, where: str, *, timeout: float) -> None:
         self._pool = client.connection_pool
-        self._endpoint: _Endpoint | None = None
+        self._endpoint: Endpoint | None = None
         self._where = where
         self._timeout = timeout
         self._queue: list[_Job] = []
@@ -410,7 +295,7 @@ class CommandBatcher:
             await self._close()
             try:
                 if self._endpoint is None:
-                    self._endpoint = _Endpoint.of(self._pool, self._timeout)
+                    self._endpoint = Endpoint.of(self._pool, self._timeout)
                 self._wire = await _open(self._endpoint, self._where)
             except Exception as e:
                 waiting, self._waiting = self._waiting, []
