@@ -1,0 +1,3 @@
+"""Wire schemas (msgspec Structs) and the AsyncAPI document; import from the modules."""
+
+__all__: list[str] = []

@@ -27,6 +27,17 @@ from aiokafka.errors import (
 
 from debatebus.exceptions import MessageTooLargeError, TransportError
 
+__all__ = [
+    "KAFKA_ERRORS",
+    "kafka_errors",
+    "logger",
+    "lost_topic",
+    "producing",
+    "quietly",
+    "too_large",
+    "translate",
+]
+
 # The transport's modules share one logger, so operators filter on one name whichever logs.
 logger = logging.getLogger("debatebus.transports.kafka")
 
