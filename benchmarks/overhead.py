@@ -25,8 +25,8 @@ from collections.abc import Callable, Coroutine
 from importlib import metadata
 from typing import Any
 
-from debatebus import Debate, Judge, LLMRequest, LLMResponse, Participant, TokenUsage, Utility
-from debatebus.engine import Verdict
+from debatebus import Debate, Judge, LLMRequest, LLMResponse, Participant, TokenUsage
+from debatebus.engine import Utility, Verdict
 
 TARGET_P99_MS = 0.25
 TOPIC = "Should the city replace its bus fleet with electric buses by 2030?"

@@ -1,89 +1,33 @@
-"""debatebus: multi-agent LLM debates served as event handlers on Redis and Kafka."""
+"""debatebus: multi-agent LLM debates served as event handlers on Redis and Kafka.
 
-from debatebus.client import BusClient
-from debatebus.engine import (
-    PROTOCOL_VERSION,
-    Budget,
-    Debate,
-    DebateResult,
-    DebateState,
-    Judge,
-    Participant,
-    Progress,
-    PromptContext,
-    Prompts,
-    Round,
-    Transcript,
-    Turn,
-    Utility,
-    Verdict,
-    compute_phi_hat,
-    interpret_phi_hat,
-    tokenize,
-)
-from debatebus.exceptions import (
-    BudgetExceededError,
-    ConfigError,
-    DebatebusError,
-    DriftError,
-    InputError,
-    LeaseLostError,
-    LLMError,
-    LLMRateLimitError,
-    LLMResponseError,
-    LLMTimeoutError,
-    ModelRequestsNotAllowedError,
-    ScriptExhaustedError,
-    TransportError,
-)
-from debatebus.handlers.handler import DebateHandler
-from debatebus.llm import LLM, FunctionLLM, LLMRequest, LLMResponse, Message, ScriptedLLM
+The top level holds what a first debate needs; the rest lives in its subpackage:
+``debatebus.engine`` (prompts, transcripts, Φ̂…), ``debatebus.llm`` (real models),
+``debatebus.handlers`` (the handler contract), ``debatebus.client`` (``BusClient``),
+``debatebus.exceptions``, ``debatebus.checkpoints``, ``debatebus.transports``,
+``debatebus.observability`` and ``debatebus.testing``.
+"""
+
+from debatebus.engine import Budget, Debate, DebateResult, Judge, Participant, Verdict
+from debatebus.exceptions import DebatebusError
+from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM
 from debatebus.schemas.usage import TokenUsage
 from debatebus.worker import DebateBus
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "LLM",
-    "PROTOCOL_VERSION",
     "Budget",
-    "BudgetExceededError",
-    "BusClient",
-    "ConfigError",
     "Debate",
     "DebateBus",
-    "DebateHandler",
     "DebateResult",
-    "DebateState",
     "DebatebusError",
-    "DriftError",
     "FunctionLLM",
-    "InputError",
     "Judge",
-    "LLMError",
-    "LLMRateLimitError",
     "LLMRequest",
     "LLMResponse",
-    "LLMResponseError",
-    "LLMTimeoutError",
-    "LeaseLostError",
-    "Message",
-    "ModelRequestsNotAllowedError",
     "Participant",
-    "Progress",
-    "PromptContext",
-    "Prompts",
-    "Round",
-    "ScriptExhaustedError",
     "ScriptedLLM",
     "TokenUsage",
-    "Transcript",
-    "TransportError",
-    "Turn",
-    "Utility",
     "Verdict",
     "__version__",
-    "compute_phi_hat",
-    "interpret_phi_hat",
-    "tokenize",
 ]

@@ -18,17 +18,20 @@ from debatebus.schemas.envelope import (
     failed_topic,
     now_iso,
 )
-from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
+from debatebus.transports import Delivery, Outgoing, Transport, broker_url, transport_from_url
 
 __all__ = ["BusClient", "request_message"]
 
 
 class BusClient:
-    """``async with BusClient(url) as c: result = await c.request("debate:request", {"input": …})``."""
+    """``async with BusClient(url) as c: result = await c.request("debate:request", {"input": …})``.
 
-    def __init__(self, broker: str | Transport, **transport_options: Any) -> None:
+    Without ``broker``: ``$DEBATEBUS_BROKER``, else ``redis://localhost:6379/0`` (``broker_url``)."""
+
+    def __init__(self, broker: str | Transport | None = None, **transport_options: Any) -> None:
         self.transport = (
-            transport_from_url(broker, **transport_options) if isinstance(broker, str) else broker
+            broker if isinstance(broker, Transport)
+            else transport_from_url(broker_url(broker), **transport_options)
         )
 
     async def __aenter__(self) -> Self:

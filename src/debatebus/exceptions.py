@@ -24,6 +24,7 @@ __all__ = [
     "LeaseLostError",
     "MessageTooLargeError",
     "ModelRequestsNotAllowedError",
+    "NotSupportedError",
     "ScriptExhaustedError",
     "TransportError",
 ]
@@ -35,6 +36,11 @@ class DebatebusError(Exception):
 
 class ConfigError(DebatebusError, ValueError):
     """The library is being misused: the message says which argument to change and how."""
+
+
+class NotSupportedError(ConfigError):
+    """The transport cannot do what was asked (e.g. replay on Redis pub/sub, which keeps no
+    history): use a transport that can."""
 
 
 class InputError(DebatebusError, ValueError):
@@ -61,7 +67,9 @@ class DriftError(DebatebusError):
 
 class LeaseLostError(DebatebusError):
     """This worker's lease on a debate expired and another worker may have taken it over: the run
-    stopped without publishing, and the request stays with the broker for redelivery."""
+    stopped without publishing, and the worker released the request unsettled, so the broker
+    hands it out again (Redis Streams: to any consumer after ``claim_idle_ms``; Kafka: from the
+    same consumer at once)."""
 
 
 class LLMError(DebatebusError):

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from debatebus.schemas.events import DebateEvent
+
+if TYPE_CHECKING:
+    from debatebus.handlers.contract import HandlerResult
 
 __all__ = ["Observer", "Outcome", "RequestContext", "fan_out"]
 
@@ -41,8 +44,9 @@ class Observer:
         """An engine event of the debate this request runs (in order, per debate)."""
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
-                         result: Mapping[str, Any] | None, duration_s: float) -> None:
-        """The delivery was settled (or left unsettled for redelivery) with this outcome."""
+                         result: HandlerResult | None, duration_s: float) -> None:
+        """The delivery was settled with this outcome and ``result`` (its published fields and
+        status; None when nothing was published), or released unsettled (``"unsettled"``)."""
 
     def outgoing_headers(self, ctx: RequestContext) -> Mapping[str, str]:
         """Headers to put on the result envelope (e.g. a ``traceparent`` for the next hop)."""
@@ -71,7 +75,7 @@ class _Many(Observer):
             o.debate_event(ctx, event)
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
-                         result: Mapping[str, Any] | None, duration_s: float) -> None:
+                         result: HandlerResult | None, duration_s: float) -> None:
         for o in self.observers:
             o.request_finished(ctx, outcome, result, duration_s)
 

@@ -3,6 +3,7 @@
     async with DebateTestBus(debate) as bus:
         result = await bus.request("Should we adopt microservices?")
         assert result.payload["debateStatus"] == "completed"
+        assert bus.events(result.request_id)[-1].kind == "debate_completed"
 
 A worker serves the debate on an in-memory broker with the same ack, redelivery and dead-letter
 semantics as Redis Streams; ``ScriptedLLM`` and ``FunctionLLM`` (re-exported here) are the models.

@@ -1,10 +1,14 @@
 """``DebateBus``: subscribe debate handlers to event types and serve them on a transport.
 
-The worker decodes, calls, publishes, settles. Every delivery ends settled exactly one way: acked
+The worker decodes, calls, publishes, settles. Every handler is called one way,
+``await handle(payload, ctx)`` (see ``debatebus.handlers.contract``; a plain ``async def
+h(payload)`` is adapted once, at ``subscribe``). Every delivery ends settled exactly one way: acked
 with its result (``event:{type}:completed`` / ``…:failed``), or dead-lettered with a reason when
 not even a request id can be read. A settle the broker refuses is retried until it lands; only a
 lost lease, a shutdown that outlasts the drain timeout, or a broker error inside the handler
-releases a delivery unsettled, for redelivery.
+leave a delivery unsettled: it is released (``Transport.release``), so the broker hands it out
+again — on Redis Streams to any consumer once ``claim_idle_ms`` has passed, on Kafka from this
+same consumer at once. Keeping held deliveries alive meanwhile is the transport's job.
 
 Broker outages do not stop the worker: consuming and settling reconnect with capped, jittered
 backoff (one WARNING when the outage starts, one INFO when it ends) while in-flight debates keep
@@ -40,6 +44,7 @@ from debatebus.exceptions import (
     MessageTooLargeError,
     TransportError,
 )
+from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult, adapt
 from debatebus.handlers.handler import attach_default_stores
 from debatebus.observability.heartbeat import beat_forever, send_last_beat
 from debatebus.observe import Observer, Outcome, RequestContext, fan_out
@@ -54,7 +59,14 @@ from debatebus.schemas.envelope import (
 )
 from debatebus.schemas.events import DebateEvent
 from debatebus.schemas.results import failure_fields
-from debatebus.transports import Delivery, MemoryTransport, Outgoing, Transport, transport_from_url
+from debatebus.transports import (
+    Delivery,
+    MemoryTransport,
+    Outgoing,
+    Transport,
+    broker_url,
+    transport_from_url,
+)
 
 __all__ = ["DEFAULT_GROUP", "EVENTS_TOPIC", "PAYLOAD_ECHO_LIMIT", "DebateBus", "Handler"]
 
@@ -66,8 +78,7 @@ EVENT_ENCODER = msgspec.json.Encoder()
 #: Failure events echo the request's payload up to this many bytes of JSON; above it they keep
 #: only its small fields and say what was dropped (``debatePayloadTruncated``).
 PAYLOAD_ECHO_LIMIT: Final = 64 * 1024
-Handler = Callable[..., Awaitable[Mapping[str, Any]]]
-_Settled = tuple[Outcome, Mapping[str, Any] | None]
+_Settled = tuple[Outcome, HandlerResult | None]
 
 #: Reconnect and settle retries wait uniformly in [0, min(cap, base × 2ⁿ)] (full jitter).
 _BACKOFF_BASE_S: Final = 0.1
@@ -85,15 +96,9 @@ _LISTED_DROPS: Final = 20
 @dataclass(frozen=True, slots=True)
 class _Route:
     event_type: str
+    #: As subscribed (a ``DebateHandler``, a plain function…); ``handle`` is how it is called.
     handler: Handler
-    accepts_context: bool
-
-
-def _accepts_context(handler: Handler) -> bool:
-    """Our DebateHandler takes request_id/on_event; a plain ``async def h(payload)`` does not."""
-    from debatebus.handlers.handler import DebateHandler
-
-    return isinstance(handler, DebateHandler)
+    handle: Handle
 
 
 class _Link:
@@ -134,11 +139,12 @@ def _where(broker: str | Transport) -> str:
     return f"{scheme}://{hosts}"
 
 
-def _failure_payload(payload: Mapping[str, Any], request_id: str, error: str, *,
-                     echo_limit: int = PAYLOAD_ECHO_LIMIT) -> dict[str, Any]:
+def _failure(payload: Mapping[str, Any], request_id: str, error: str, *,
+             echo_limit: int = PAYLOAD_ECHO_LIMIT) -> HandlerResult:
     echo = _echo(payload, echo_limit)
     debate_id = echo.get("debateId")  # not when it was too big to echo
-    return {**echo, **failure_fields(debate_id if isinstance(debate_id, str) else request_id, error)}
+    return HandlerResult("failed", {
+        **echo, **failure_fields(debate_id if isinstance(debate_id, str) else request_id, error)})
 
 
 def _echo(payload: Mapping[str, Any], limit: int) -> dict[str, Any]:
@@ -163,11 +169,14 @@ def _echo(payload: Mapping[str, Any], limit: int) -> dict[str, Any]:
 
 
 class DebateBus:
-    """A worker app: ``app.subscribe("debate:request", debate.as_handler()); await app.run()``."""
+    """A worker app: ``app.subscribe("debate:request", debate.as_handler()); await app.run()``.
+
+    ``broker``: a URL or a ``Transport``; without one, ``$DEBATEBUS_BROKER``, else
+    ``redis://localhost:6379/0`` — the CLI's rule (``debatebus.transports.broker_url``)."""
 
     def __init__(
         self,
-        broker: str | Transport = "memory://",
+        broker: str | Transport | None = None,
         *,
         group: str = DEFAULT_GROUP,
         consumer: str | None = None,
@@ -177,7 +186,6 @@ class DebateBus:
         publish_events: bool = False,
         events_topic: str = EVENTS_TOPIC,
         drain_timeout: float = 30.0,
-        touch_interval_s: float = 10.0,
         transport_options: Mapping[str, Any] | None = None,
         observers: Sequence[Observer] = (),
         heartbeat_interval_s: float | None = 5.0,
@@ -186,6 +194,8 @@ class DebateBus:
             raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
         if max_deliveries < 1:
             raise ConfigError(f"max_deliveries must be ≥ 1, got {max_deliveries}")
+        if broker is None:
+            broker = broker_url()
         self.broker_url = broker if isinstance(broker, str) else type(broker).__name__
         self.transport = (
             transport_from_url(broker, **(transport_options or {})) if isinstance(broker, str) else broker
@@ -202,7 +212,6 @@ class DebateBus:
         self.publish_events = publish_events
         self.events_topic = events_topic
         self.drain_timeout = drain_timeout
-        self.touch_interval_s = touch_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.routes: dict[str, _Route] = {}
         self.observers = list(observers)
@@ -218,13 +227,18 @@ class DebateBus:
     # ---- definition ---------------------------------------------------------------------------
 
     def subscribe(self, event_type: str, handler: Handler) -> None:
+        """Serve ``event_type`` with ``handler``: a ``BusHandler`` (``debate.as_handler()``),
+        called as ``handle(payload, ctx)``, or a plain ``async def h(payload) -> Mapping``, whose
+        ``debateStatus: "failed"`` publishes it as a failure (adapted here, once)."""
         if not event_type or not isinstance(event_type, str):
             raise ConfigError("subscribe needs an event type such as 'debate:request'")
         if event_type in self.routes:
             raise ConfigError(f"{event_type!r} already has a handler: one handler per event type")
-        if not callable(handler):
-            raise ConfigError(f"handler for {event_type!r} must be an async callable, got {handler!r}")
-        self.routes[event_type] = _Route(event_type, handler, _accepts_context(handler))
+        self.routes[event_type] = _Route(event_type, handler, adapt(handler))
+
+    def handlers(self) -> dict[str, Handler]:
+        """Each subscribed event type's handler, as given to ``subscribe``."""
+        return {event_type: route.handler for event_type, route in self.routes.items()}
 
     def add_observer(self, observer: Observer) -> None:
         """Let ``observer`` watch this worker too (metrics, traces, logs); call before ``run``."""
@@ -300,9 +314,10 @@ class DebateBus:
 
     async def _serve(self) -> None:
         assert self._stopping is not None
+        log.info("serving %s on %s as group %s (consumer %s)", ", ".join(self.routes),
+                 self._where, self.group, self.consumer)
         consumer = asyncio.create_task(self._consume())
         stopper = asyncio.create_task(self._stopping.wait())
-        touching = asyncio.create_task(self._touch_forever())
         beating = self._start_heartbeat()
         try:
             await asyncio.wait({consumer, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -315,7 +330,6 @@ class DebateBus:
             if failure is not None:
                 raise failure
         finally:
-            touching.cancel()
             if beating is not None:
                 beating.cancel()
 
@@ -440,29 +454,12 @@ class DebateBus:
         self._inflight.pop(task, None)
 
     def _release(self, delivery: Delivery) -> None:
-        """Stop holding ``delivery`` (no longer kept alive here) so the broker hands it out again."""
+        """Stop holding ``delivery`` (the transport stops keeping it alive) so the broker hands
+        it out again."""
         task = asyncio.current_task()
         if task is not None:
             self._inflight.pop(task, None)
         self.transport.release(delivery)
-
-    async def _touch_forever(self) -> None:
-        """Keep long debates' deliveries alive at the broker while this worker is."""
-        failing = False
-        while True:
-            await asyncio.sleep(self.touch_interval_s)
-            held = list(self._inflight.values())
-            if not held:
-                continue
-            try:
-                await self.transport.touch(held)
-            except TransportError as exc:
-                if not failing:
-                    log.warning("could not keep %d in-flight deliveries alive (retrying every "
-                                "%g s): %s", len(held), self.touch_interval_s, exc)
-                failing = True
-            else:
-                failing = False
 
     async def _process(self, delivery: Delivery) -> None:
         observer = self.observer
@@ -471,7 +468,7 @@ class DebateBus:
             observer.request_started(ctx)
             started = time.perf_counter()
         outcome: Outcome = "unsettled"
-        result: Mapping[str, Any] | None = None
+        result: HandlerResult | None = None
         try:
             outcome, result = await self._settle(delivery, ctx)
         except LeaseLostError as exc:
@@ -530,27 +527,24 @@ class DebateBus:
         if request_id is None:
             return await self._dead_letter(delivery, reason)
         request = Envelope(request_id=request_id, payload=payload, type=delivery.topic)
-        return await self._answer(delivery, request, _failure_payload(payload, request_id, reason),
+        return await self._answer(delivery, request, _failure(payload, request_id, reason),
                                   "bad_input", None)
 
     async def _handle(self, route: _Route, delivery: Delivery, request: Envelope,
                       ctx: RequestContext | None) -> _Settled:
         outcome: Outcome
+        handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery)
         try:
-            if route.accepts_context:
-                result = await route.handler(request.payload, request_id=request.request_id,
-                                             on_event=self._on_event(request, ctx))
-            else:
-                result = await route.handler(request.payload)
+            result = await route.handle(request.payload, handling)
         except InputError as exc:
-            result = _failure_payload(request.payload, request.request_id, str(exc))
+            result = _failure(request.payload, request.request_id, str(exc))
             outcome = "bad_input"
         else:
-            failed = result.get("debateStatus") == "failed"
-            outcome = "failed" if failed else "replayed" if result.get("debateReplayed") else "completed"
+            outcome = ("failed" if result.status == "failed" else
+                       "replayed" if result.replayed else "completed")
         return await self._answer(delivery, request, result, outcome, ctx)
 
-    async def _answer(self, delivery: Delivery, request: Envelope, result: Mapping[str, Any],
+    async def _answer(self, delivery: Delivery, request: Envelope, result: HandlerResult,
                       outcome: Outcome, ctx: RequestContext | None) -> _Settled:
         """Ack with ``result``; one the broker refuses as too large becomes a failure event."""
         try:
@@ -566,8 +560,8 @@ class DebateBus:
                   "message size limit")
         log.warning("%s %s: %s; publishing a failure event instead", delivery.topic,
                     delivery.id, reason)
-        failure = _failure_payload(request.payload, request.request_id, reason,
-                                   echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
+        failure = _failure(request.payload, request.request_id, reason,
+                           echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
         try:
             await self._ack(delivery, request, failure, ctx)
         except MessageTooLargeError as again:
@@ -575,9 +569,9 @@ class DebateBus:
                 f"{reason}; its failure event ({again.size} bytes) was refused too"))
         return "failed", failure
 
-    async def _ack(self, delivery: Delivery, request: Envelope, result: Mapping[str, Any],
+    async def _ack(self, delivery: Delivery, request: Envelope, result: HandlerResult,
                    ctx: RequestContext | None) -> None:
-        failed = result.get("debateStatus") == "failed"
+        failed = result.status == "failed"
         topic = failed_topic(delivery.topic) if failed else completed_topic(delivery.topic)
         headers = request.headers
         if ctx is not None and self.observer is not None:
@@ -585,7 +579,7 @@ class DebateBus:
             headers = {**headers, **extra} if extra else headers
         body = ENVELOPE_ENCODER.encode(Envelope(
             request_id=request.request_id,
-            payload=dict(result),
+            payload=result.fields,
             type=topic,
             correlation_id=request.correlation_id or request.request_id,
             causation_id=request.request_id,
@@ -598,7 +592,7 @@ class DebateBus:
     async def _retrying(self, delivery: Delivery, what: str,
                         settle: Callable[[], Awaitable[None]]) -> None:
         """``settle`` until the broker takes it (every transport makes a repeated settle a
-        no-op), with backoff; the delivery stays in flight and kept alive meanwhile. Only the
+        no-op), with backoff; the delivery stays in flight (and the transport keeps it alive). Only the
         drain timeout ends the retries (cancelled: ``_process`` releases the delivery).
         ``MessageTooLargeError`` is raised: retrying cannot help it."""
         backoff, failures = Backoff(_BACKOFF_BASE_S, _BACKOFF_CAP_S), 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -66,9 +66,9 @@ async def test_a_failed_settle_is_retried_until_it_lands_exactly_once(
         caplog: pytest.LogCaptureFixture) -> None:
     broker = MemoryBroker(claim_idle_s=0.5)
     broker.inject("settle", 4)
-    # Touched well within claim_idle_s, as a deployment's settings would: kept alive while the
-    # settle is retried, so it is never handed out a second time.
-    async with running(bus(broker, touch_interval_s=0.1)):
+    # Held, so kept alive by the transport while the settle is retried: it is never handed out a
+    # second time.
+    async with running(bus(broker)):
         await publish(broker, {"input": "t"}, "retry-1")
         await wait_until(lambda: broker.log(completed_topic(TOPIC)))
         await asyncio.sleep(0.7)  # past claim_idle_s: nothing is handed out again
@@ -176,10 +176,6 @@ class Recording(MemoryTransport):
         self.calls.append("ack")
         await super().ack(delivery, results)
 
-    async def touch(self, deliveries: Sequence[Delivery]) -> None:
-        self.calls += [f"touch {d.id}/{d.deliveries}" for d in deliveries]
-        await super().touch(deliveries)
-
     def release(self, delivery: Delivery) -> None:
         self.calls.append(f"release {delivery.id}/{delivery.deliveries}")
         self.released.append((delivery.id, delivery.deliveries))
@@ -190,8 +186,10 @@ class Recording(MemoryTransport):
         await super().close()
 
 
-async def test_lost_lease_releases_the_delivery_for_redelivery() -> None:
-    broker = MemoryBroker(claim_idle_s=0.5)
+async def _answered(broker: MemoryBroker, failing_first: Callable[[], Awaitable[None]],
+                    request_id: str) -> tuple[Recording, int]:
+    """Serve a handler whose first call runs ``failing_first`` (which raises) until ``request_id``
+    is answered; the recording transport and how many calls it took."""
     transport = Recording(broker)
     calls = 0
 
@@ -199,45 +197,44 @@ async def test_lost_lease_releases_the_delivery_for_redelivery() -> None:
         nonlocal calls
         calls += 1
         if calls == 1:
-            await asyncio.sleep(0.3)  # kept alive meanwhile
-            raise LeaseLostError("lost the lease on debate 'x': another worker may resume it")
-        return {**payload, "debateStatus": "completed"}
-
-    app = DebateBus(transport, touch_interval_s=0.05, heartbeat_interval_s=None)
-    app.subscribe(TOPIC, handler)
-    async with running(app):
-        await publish(broker, {"input": "t"}, "lease-1")
-        await wait_until(lambda: broker.log(completed_topic(TOPIC)))
-    assert calls == 2
-    assert transport.released == [("1-0", 1)]
-    released_at = transport.calls.index("release 1-0/1")
-    assert "touch 1-0/1" in transport.calls[:released_at]
-    assert "touch 1-0/1" not in transport.calls[released_at:]  # never kept alive once released
-    assert [b["requestId"] for b in bodies(broker, completed_topic(TOPIC))] == ["lease-1"]
-    assert pending(broker) == 0
-
-
-async def test_crash_whose_requeue_fails_is_released() -> None:
-    broker = MemoryBroker(claim_idle_s=0.5)
-    transport = Recording(broker)
-    calls = 0
-
-    async def handler(payload: Any) -> dict[str, Any]:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            broker.inject("settle")  # the requeue that follows fails
-            raise RuntimeError("bug")
+            await failing_first()
         return {**payload, "debateStatus": "completed"}
 
     app = DebateBus(transport, heartbeat_interval_s=None)
     app.subscribe(TOPIC, handler)
     async with running(app):
-        await publish(broker, {"input": "t"}, "crash-1")
+        await publish(broker, {"input": "t"}, request_id)
         await wait_until(lambda: broker.log(completed_topic(TOPIC)))
+    assert [b["requestId"] for b in bodies(broker, completed_topic(TOPIC))] == [request_id]
+    assert pending(broker) == 0
+    return transport, calls
+
+
+async def test_lost_lease_releases_the_delivery_for_redelivery() -> None:
+    broker = MemoryBroker(claim_idle_s=0.5)
+    during: list[int] = []
+
+    async def lose_the_lease() -> None:
+        await asyncio.sleep(0.7)  # past claim_idle_s: held, so kept alive by the transport
+        during.append(broker.groups[(TOPIC, "debatebus")].pending[0].deliveries)
+        raise LeaseLostError("lost the lease on debate 'x': another worker may resume it")
+
+    transport, calls = await _answered(broker, lose_the_lease, "lease-1")
+    assert during == [1]  # never handed out again while held
+    assert calls == 2  # once released, it is handed out again
+    assert transport.released == [("1-0", 1)]
+
+
+async def test_crash_whose_requeue_fails_is_released() -> None:
+    broker = MemoryBroker(claim_idle_s=0.5)
+
+    async def crash() -> None:
+        broker.inject("settle")  # the requeue that follows fails
+        raise RuntimeError("bug")
+
+    transport, calls = await _answered(broker, crash, "crash-1")
     assert calls == 2
     assert transport.released == [("1-0", 1)]
-    assert pending(broker) == 0
 
 
 async def test_result_over_the_broker_limit_becomes_a_failure_event() -> None:

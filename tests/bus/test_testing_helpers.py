@@ -25,8 +25,8 @@ async def test_debate_test_bus_round_trip_events_and_dead_letters() -> None:
     assert result.payload["debateStatus"] == "completed"
     assert result.payload["debateOutput"] == "synthesis"
     assert llm.remaining == 0
-    assert events[0].__struct_config__.tag == "debate_started"
-    assert events[-1].__struct_config__.tag == "debate_completed"
+    assert events[0].kind == "debate_started"
+    assert events[-1].kind == "debate_completed"
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert len(dead) == 1
     assert dead[0].body == b"not json"

@@ -166,14 +166,14 @@ async def test_debate_events_are_published_in_order(event_type: str) -> None:
         events = await client.transport.subscribe(["debate:events"])
         result = await client.request(event_type, {"input": "t"}, request_id="ev-1", timeout=TIMEOUT)
         seen = []
-        while not seen or seen[-1].__struct_config__.tag not in ("debate_completed", "debate_failed"):
+        while not seen or seen[-1].kind not in ("debate_completed", "debate_failed"):
             event = EVENT_DECODER.decode((await asyncio.wait_for(anext(events), TIMEOUT)).body)
             if event.request_id == "ev-1":
                 seen.append(event)
     assert result.payload["debateStatus"] == "completed"
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
-    assert seen[0].__struct_config__.tag == "debate_started"
-    assert sum(e.__struct_config__.tag == "turn_completed" for e in seen) == 4
+    assert seen[0].kind == "debate_started"
+    assert sum(e.kind == "turn_completed" for e in seen) == 4
 
 
 async def test_handler_that_keeps_crashing_is_dead_lettered_after_max_deliveries(event_type: str) -> None:
@@ -251,3 +251,15 @@ async def test_worker_connects_its_handlers_store_at_startup_and_closes_it(
     async with running(app):
         assert (store.opened, store.closed) == (1, 0)
     assert (store.opened, store.closed) == (1, 1)
+
+
+async def test_worker_says_at_start_what_it_serves_where(caplog: pytest.LogCaptureFixture) -> None:
+    app = DebateBus("memory://", group="g-start", heartbeat_interval_s=None)
+    app.subscribe("debate:start-log", make_debate().as_handler())
+    with caplog.at_level("INFO", logger="debatebus.worker"):
+        async with running(app):
+            pass
+    lines = [r.getMessage() for r in caplog.records
+             if r.levelname == "INFO" and r.getMessage().startswith("serving ")]
+    assert len(lines) == 1
+    assert lines[0].startswith("serving debate:start-log on memory:// as group g-start (consumer ")

@@ -4,7 +4,7 @@ Every LLM call is appended to ``DBB_CALLS_LOG`` (one JSON line: debate topic, pu
 speaker, pid) so tests can count the calls each debate cost across worker processes.
 
 Knobs: ``DBB_BROKER``, ``DBB_EVENT_TYPE`` (required); ``DBB_GROUP``, ``DBB_CONCURRENCY``,
-``DBB_DRAIN_TIMEOUT``, ``DBB_TOUCH_S``, ``DBB_CLAIM_IDLE_MS``, ``DBB_DELAY`` (seconds per call),
+``DBB_DRAIN_TIMEOUT``, ``DBB_CLAIM_IDLE_MS``, ``DBB_DELAY`` (seconds per call),
 ``DBB_ROUNDS``, ``DBB_JUDGE``, ``DBB_MAX_DELIVERIES``, ``DBB_PUBLISH_EVENTS=1``; ``DBB_STORE`` (an
 explicit checkpoint store URL, with ``DBB_LEASE_TTL``; without it the handler is the default one
 that ``DebateBus`` makes durable); ``DBB_MODEL`` (a model string for ``resolve_llm`` instead of the
@@ -82,7 +82,6 @@ def app() -> DebateBus:
         group=os.environ.get("DBB_GROUP", "debatebus"),
         concurrency=int(os.environ.get("DBB_CONCURRENCY", "8")),
         drain_timeout=float(os.environ.get("DBB_DRAIN_TIMEOUT", "30")),
-        touch_interval_s=float(os.environ.get("DBB_TOUCH_S", "0.5")),
         max_deliveries=int(os.environ.get("DBB_MAX_DELIVERIES", "5")),
         publish_events=os.environ.get("DBB_PUBLISH_EVENTS") == "1",
         transport_options=_transport_options(url),

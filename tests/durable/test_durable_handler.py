@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from debatebus import Budget, Debate, FunctionLLM, Judge, LeaseLostError, LLMRequest, Participant
+from debatebus import Budget, Debate, FunctionLLM, Judge, LLMRequest, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.checkpoints.base import CheckpointStore
+from debatebus.exceptions import LeaseLostError
 
 
 class Crash(BaseException):

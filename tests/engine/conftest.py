@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from debatebus import FunctionLLM, LLMError, LLMRequest, TokenUsage
+from debatebus import FunctionLLM, LLMRequest, TokenUsage
+from debatebus.exceptions import LLMError
 from debatebus.llm.fakes import word_usage
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE

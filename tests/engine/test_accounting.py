@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from debatebus import Debate, Judge, LLMError, Participant, ScriptedLLM, TokenUsage
+from debatebus import Debate, Judge, Participant, ScriptedLLM, TokenUsage
+from debatebus.exceptions import LLMError
 from debatebus.llm.fakes import word_usage
 from debatebus.schemas import events as ev
 

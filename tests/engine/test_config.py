@@ -9,8 +9,10 @@ import re
 import pytest
 from pydantic import BaseModel
 
-from debatebus import ConfigError, Debate, DebatebusError, Judge, Participant, Prompts, ScriptedLLM
+from debatebus import Debate, DebatebusError, Judge, Participant, ScriptedLLM
+from debatebus.engine import Prompts
 from debatebus.engine.definition import FAILURE_POLICIES, PROTOCOLS, DebateSpec
+from debatebus.exceptions import ConfigError
 
 
 def llm() -> ScriptedLLM:

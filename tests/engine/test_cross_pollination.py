@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from debatebus import Debate, Judge, Participant, Utility, Verdict
+from debatebus import Debate, Judge, Participant, Verdict
+from debatebus.engine import Utility
 from debatebus.schemas import events as ev
 
 TOPIC = "How should the city spend its transport budget?"

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus import (
-    Debate,
-    Judge,
-    LLMError,
-    LLMResponseError,
-    Participant,
-    Prompts,
-    ScriptedLLM,
-    TokenUsage,
-)
+from debatebus import Debate, Judge, Participant, ScriptedLLM, TokenUsage
+from debatebus.engine import Prompts
+from debatebus.exceptions import LLMError, LLMResponseError
 from debatebus.schemas import events as ev
 
 TOPIC = "Is remote work better for teams?"

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus import (
-    FunctionLLM,
-    LLMRequest,
-    LLMResponse,
-    LLMResponseError,
-    Message,
-    ScriptedLLM,
-    ScriptExhaustedError,
-    TokenUsage,
-    Verdict,
-)
+from debatebus import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM, TokenUsage, Verdict
+from debatebus.exceptions import LLMResponseError, ScriptExhaustedError
+from debatebus.llm import Message
 from debatebus.llm.fakes import word_usage
 
 

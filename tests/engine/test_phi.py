@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from debatebus import compute_phi_hat, interpret_phi_hat, tokenize
+from debatebus.engine import compute_phi_hat, interpret_phi_hat, tokenize
 
 # ---- tokenize -------------------------------------------------------------------------------
 

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from debatebus import (
-    PROTOCOL_VERSION,
-    Debate,
-    DebateState,
-    Judge,
-    Participant,
-    PromptContext,
-    Prompts,
-    Utility,
-)
+from debatebus import Debate, Judge, Participant
+from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Prompts, Utility
 
 NAMES = ("alice", "bob")
 NASTY_TOPIC = "Summarize {input} and {{ x }} then {0} {topic} {} {{{speaker}}} }{ %s $x"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from debatebus import Budget, Debate, Judge, Participant, Prompts, Round, Turn
-from debatebus.engine import Progress
+from debatebus import Budget, Debate, Judge, Participant
+from debatebus.engine import Progress, Prompts, Round, Turn
 from debatebus.schemas import events as ev
 
 TOPIC = "Monorepo or polyrepo?"

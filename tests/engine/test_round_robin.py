@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from debatebus import Debate, DebateState, Judge, Participant, Prompts, Verdict
+from debatebus import Debate, Judge, Participant, Verdict
+from debatebus.engine import DebateState, Prompts
 from debatebus.engine.definition import DEFAULT_JUDGE_PROMPT
 from debatebus.schemas import events as ev
 

@@ -30,7 +30,7 @@ N = 200
 def _start(server: RedisServer, event_type: str, tmp_path: Path, workers: list[WorkerProcess],
            **knobs: object) -> tuple[WorkerProcess, dict[str, str]]:
     settings: dict[str, object] = {"DBB_DELAY": "0.015", "DBB_ROUNDS": 2, "DBB_CLAIM_IDLE_MS": 1500,
-                                   "DBB_TOUCH_S": 0.5, **knobs}
+                                   **knobs}
     env = env_for(server.url, event_type, tmp_path, **settings)
     worker = WorkerProcess(env, tmp_path / "worker.log")
     workers.append(worker)

@@ -35,7 +35,6 @@ from debatebus.exceptions import ConfigError, InputError
 from debatebus.handlers.inputs import read_debate_id, read_max_rounds, read_replay, read_topic
 from debatebus.schemas.asyncapi import build_asyncapi
 from debatebus.schemas.envelope import completed_topic, failed_topic
-from debatebus.schemas.results import DEBATE_FIELDS
 from debatebus.transports import Outgoing, dlq_topic
 from debatebus.transports.kafka import kafka_topic
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
@@ -145,6 +144,14 @@ def test_channels_operations_and_bindings() -> None:
     assert len(document["operations"]["sendDebateEvents"]["messages"]) == 11
     messages = document["components"]["messages"].values()
     assert len({m["name"] for m in messages}) == 4 + 11  # no message shadows another
+
+
+#: Every ``debate*`` field of a result (``schemas.results``).
+DEBATE_FIELDS = (
+    "debateId", "debateOutput", "debateSynthesis", "debateRounds", "debateStatus",
+    "debateTokenUsage", "debateTranscript", "debateVerdict", "debatePhiHat", "debateSatisfied",
+    "debateError", "debateReplayed",
+)
 
 
 def test_result_payload_documents_every_debate_field() -> None:

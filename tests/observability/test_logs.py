@@ -15,6 +15,7 @@ from tests.observability.observed import DOOMED, FAKE_KEY, TIMEOUT, new_event_ty
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
+from debatebus.handlers import HandlerResult
 from debatebus.observability.logs import (
     LoggingObserver,
     RedactingFilter,
@@ -102,8 +103,8 @@ def test_transcripts_only_when_asked(json_logs: io.StringIO) -> None:
             participants=["a", "b"], max_rounds=2))
         observer.debate_event(ctx, ev.TurnCompleted(
             debate_id="d", seq=2, speaker="a", round=1, text=TURN_TEXT))
-        observer.request_finished(ctx, "completed", {"debateOutput": "Spaces.", "debateRounds": 1},
-                                  0.5)
+        result = HandlerResult("completed", {"debateOutput": "Spaces.", "debateRounds": 1})
+        observer.request_finished(ctx, "completed", result, 0.5)
     lines = lines_of(json_logs)
     quiet = [line["message"] for line in lines if line["requestId"] == "r-False"]
     chatty = [line["message"] for line in lines if line["requestId"] == "r-True"]

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
+
+from debatebus.transports import DEFAULT_BROKER, broker_url
 
 __all__ = ["DEFAULT_BROKER", "add_broker", "broker_url", "port", "positive_int", "seconds"]
-
-DEFAULT_BROKER = "redis://localhost:6379/0"
-
-
-def broker_url(value: str | None) -> str:
-    return value or os.environ.get("DEBATEBUS_BROKER") or DEFAULT_BROKER
 
 
 def add_broker(parser: argparse.ArgumentParser) -> None:

@@ -71,16 +71,13 @@ def parse_position(value: str | None) -> Position:
 
 def _entries(transport: Transport, topic: str, start: Position, end: Position
              ) -> AsyncIterator[Delivery]:
-    read_range: Callable[..., AsyncIterator[Delivery]] | None = getattr(transport, "read_range", None)
-    if read_range is None:
-        raise ConfigError(f"{type(transport).__name__} keeps no history to replay: replay works on "
-                          "Redis Streams and Kafka")
-    return read_range(topic, _for(transport, start, "-"), _for(transport, end, "+"))
+    """``read_range`` (NotSupportedError, a ConfigError, where the broker keeps no history)."""
+    return transport.read_range(topic, _for(transport, start, "-"), _for(transport, end, "+"))
 
 
 def _for(transport: Transport, position: Position, open_end: str) -> Any:
-    """Positions in the form each transport's read_range takes."""
-    if getattr(transport, "position_kind", "stream-id") == "offset":  # Kafka: offsets or times
+    """Positions in the form the transport's read_range takes (its ``position_kind``)."""
+    if transport.position_kind == "offset":  # Kafka: offsets or times
         return position
     if position is None:
         return open_end

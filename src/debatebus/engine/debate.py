@@ -6,7 +6,7 @@ import asyncio
 import functools
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from debatebus.engine.cross_pollination import run_cross_pollination
 from debatebus.engine.definition import DebateSpec, Protocol
@@ -19,13 +19,10 @@ from debatebus.engine.run import OnCommit, OnEvent, Run
 from debatebus.engine.steps import emit_phi, finish, synthesize
 from debatebus.engine.transcript import Turn
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.durable import DEFAULT_STORE_OUTAGE_S, Drift
-from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
 from debatebus.schemas import events as ev
 
 if TYPE_CHECKING:
-    from debatebus.checkpoints.base import CheckpointStore
-    from debatebus.handlers.handler import DebateHandler
+    from debatebus.handlers.handler import DebateHandler, HandlerOptions
 
 __all__ = ["Debate"]
 
@@ -110,29 +107,12 @@ class Debate(DebateSpec):
             error = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s"
         return await finish(run, outcome, synthesis, error)
 
-    def as_handler(
-        self,
-        *,
-        store: CheckpointStore | None = None,
-        durable: bool = True,
-        lease_ttl_s: float = 30.0,
-        store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
-        owner: str | None = None,
-        max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
-        drift: Drift = "strict",
-    ) -> DebateHandler:
-        """An async ``handler(payload) -> dict`` for a bus (or a direct call); see handlers.
-
-        Durable by default: with ``store``, or, when served by ``DebateBus`` without one, with a
-        store chosen from the broker URL (Redis → the same Redis; ``memory://`` → in memory;
-        Kafka → none, with a warning). A direct call without ``store`` keeps no checkpoints.
-        ``durable=False`` turns checkpoints off. ``store_outage_s`` is how long a debate in
-        flight waits for its store to come back; ``lease_ttl_s`` is how long a dead worker's
-        debate stays locked; ``owner`` names this worker in leases. ``drift="strict"`` refuses to
-        resume a checkpoint written by another definition of this debate; ``"loose"`` resumes it
-        by round number."""
+    def as_handler(self, **options: Unpack[HandlerOptions]) -> DebateHandler:
+        """This debate as a bus handler (or an async ``handler(payload) -> dict`` to call
+        directly), durable by default. ``options`` are ``DebateHandler``'s, documented there:
+        ``store``, ``durable``, ``lease_ttl_s``, ``store_outage_s``, ``owner``,
+        ``max_input_bytes``, ``drift``."""
+        # Imported here: the handlers build on the engine, not the other way round.
         from debatebus.handlers.handler import DebateHandler
 
-        return DebateHandler(self, store=store, durable=durable, lease_ttl_s=lease_ttl_s,
-                             store_outage_s=store_outage_s,
-                             owner=owner, max_input_bytes=max_input_bytes, drift=drift)
+        return DebateHandler(self, **options)

@@ -1,10 +1,28 @@
-"""Debates as bus handlers: ``DebateHandler`` (made by ``Debate.as_handler``) and what a bus calls
-to make it durable by default."""
+"""Debates as bus handlers: the handler contract (``contract``), ``DebateHandler`` (made by
+``Debate.as_handler``) and what a bus calls to make it durable by default."""
 
+from debatebus.handlers.contract import (
+    BusHandler,
+    Handler,
+    HandlerContext,
+    HandlerResult,
+    PlainHandler,
+)
 from debatebus.handlers.handler import (
     DebateHandler,
+    HandlerOptions,
     attach_default_stores,
     no_default_store_warning,
 )
 
-__all__ = ["DebateHandler", "attach_default_stores", "no_default_store_warning"]
+__all__ = [
+    "BusHandler",
+    "DebateHandler",
+    "Handler",
+    "HandlerContext",
+    "HandlerOptions",
+    "HandlerResult",
+    "PlainHandler",
+    "attach_default_stores",
+    "no_default_store_warning",
+]

@@ -1,5 +1,5 @@
-"""``debate.as_handler()``: a debate as an async ``handler(payload) -> dict``, on a bus or called
-directly.
+"""``debate.as_handler()``: a debate as a bus handler (``handle(payload, ctx)``, see
+``contract``) or, called directly, an async ``handler(payload) -> dict``.
 
 Concurrent calls for one debate id share one run (single flight): the copies wait for it and get
 its result marked ``debateReplayed: true``, with or without a checkpoint store.
@@ -12,13 +12,14 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from debatebus.checkpoints import store_for_broker
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.engine.run import OnEvent
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.checkpointing import Ask
+from debatebus.handlers.contract import HandlerContext, HandlerResult
 from debatebus.handlers.durable import (
     DEFAULT_STORE_OUTAGE_S,
     Drift,
@@ -36,11 +37,24 @@ from debatebus.schemas.results import result_fields
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
 
-__all__ = ["DebateHandler", "attach_default_stores", "no_default_store_warning"]
+__all__ = ["DebateHandler", "HandlerOptions", "attach_default_stores", "no_default_store_warning"]
 
 log = logging.getLogger("debatebus.durable")
 
 Fields = dict[str, Any]
+
+
+class HandlerOptions(TypedDict, total=False):
+    """``DebateHandler``'s keyword arguments, so ``Debate.as_handler(**options)`` is typed by
+    them without repeating their defaults (documented on ``DebateHandler``)."""
+
+    store: CheckpointStore | None
+    durable: bool
+    lease_ttl_s: float
+    store_outage_s: float
+    owner: str | None
+    max_input_bytes: int
+    drift: Drift
 
 
 class _SingleFlight:
@@ -75,9 +89,17 @@ class DebateHandler:
     ``debate*`` result fields. Raises ``InputError`` for a malformed payload or a debate id already
     used for another input; never raises for a failed debate (``debateStatus`` says ``"failed"``).
 
+    A ``BusHandler``: a bus calls ``handle(payload, ctx)``; a direct call ``handler(payload)``
+    returns the fields as a dict.
+
     Durable (the default) with a ``store``; a durable handler without one runs store-less when
-    called directly, and ``DebateBus`` gives it a store chosen from the broker URL
-    (``wants_default_store`` / ``use_default_store``)."""
+    called directly, and ``DebateBus`` gives it a store chosen from the broker URL (Redis → the
+    same Redis; ``memory://`` → in memory; Kafka → none, with a warning): see
+    ``wants_default_store`` / ``use_default_store``. ``durable=False`` turns checkpoints off.
+    ``store_outage_s`` is how long a debate in flight waits for its store to come back;
+    ``lease_ttl_s`` is how long a dead worker's debate stays locked; ``owner`` names this worker
+    in leases. ``drift="strict"`` refuses to resume a checkpoint written by another definition of
+    this debate; ``"loose"`` resumes it by round number."""
 
     def __init__(
         self,
@@ -155,11 +177,23 @@ class DebateHandler:
         request_id: str | None = None,
         on_event: OnEvent | None = None,
     ) -> dict[str, Any]:
+        """Run (or replay) the debate ``payload`` asks for: the payload merged with its
+        ``debate*`` result fields."""
+        return (await self._answer(payload, request_id, on_event)).fields
+
+    async def handle(self, payload: Mapping[str, Any], ctx: HandlerContext) -> HandlerResult:
+        """The bus's call: as ``__call__``, with the request id and event sink of ``ctx``."""
+        return await self._answer(payload, ctx.request_id, ctx.on_event)
+
+    async def _answer(self, payload: Mapping[str, Any], request_id: str | None,
+                      on_event: OnEvent | None) -> HandlerResult:
         ask = self.ask(payload, request_id)
         fields, shared = await self._flights.run(ask, lambda: self._run(ask, on_event))
-        if shared:
-            return {**payload, **fields, "debateReplayed": True}
-        return {**payload, **fields}
+        # A stored result says so itself (the durable runner marks it); a shared one is marked here.
+        replayed = shared or fields.get("debateReplayed") is True
+        merged = {**payload, **fields, "debateReplayed": True} if shared else {**payload, **fields}
+        failed = fields.get("debateStatus") == "failed"
+        return HandlerResult("failed" if failed else "completed", merged, replayed)
 
     async def _run(self, ask: Ask, on_event: OnEvent | None) -> Fields:
         if self.runner is not None:

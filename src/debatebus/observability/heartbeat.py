@@ -2,7 +2,8 @@
 
 Every ``interval_s`` a worker announces itself with a small JSON object — app, group, consumer,
 host, pid, ``inFlight``, ``intervalS``, ``connected`` (false while its consumer cannot reach the
-broker) and ``timestamp`` (seconds since the epoch) — where ``latest_heartbeat`` finds it:
+broker) and ``timestamp`` (seconds since the epoch) — through its transport's
+``write_heartbeat``, which stores it where ``latest_heartbeat`` finds it:
 
 * Redis Streams: an entry of the stream ``debatebus:heartbeat`` in the usual wire format (field
   ``envelope``, so ``debatebus tail debatebus:heartbeat`` shows them), trimmed to about
@@ -30,14 +31,20 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from debatebus.exceptions import ConfigError, TransportError
+from debatebus.exceptions import ConfigError, NotSupportedError, TransportError
 from debatebus.redaction import redact
-from debatebus.transports.base import Outgoing, Transport
-from debatebus.transports.memory import MemoryTransport
+from debatebus.transports.base import (
+    HEARTBEAT_STREAM_MAXLEN as STREAM_MAXLEN,
+)
+from debatebus.transports.base import (
+    HEARTBEAT_TOPIC,
+    Transport,
+    heartbeat_key,
+)
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -53,20 +60,12 @@ __all__ = [
 
 log = logging.getLogger("debatebus.heartbeat")
 
-HEARTBEAT_TOPIC: Final = "debatebus:heartbeat"
-STREAM_MAXLEN: Final = 1000
 #: How far back to look for a group's newest beat among other groups' beats: pages of _PAGE.
 _PAGE: Final = 100
 _MAX_PAGES: Final = 10
 _REDIS_SCHEMES: Final = ("redis", "rediss", "redis+pubsub", "rediss+pubsub")
 
 Beat = dict[str, Any]
-Send = Callable[[bytes], Awaitable[object]]
-
-
-def heartbeat_key(group: str) -> str:
-    """The Redis key holding a group's newest heartbeat (Redis pub/sub workers)."""
-    return f"{HEARTBEAT_TOPIC}:{group}"
 
 
 def _beat(app: str, group: str, consumer: str, interval_s: float, inflight: int, *,
@@ -126,18 +125,19 @@ async def beat_forever(transport: Transport, group: str, consumer: str, interval
                        wake: asyncio.Event | None = None) -> None:
     """Publish a heartbeat now and every ``interval_s`` until cancelled, and at once whenever
     ``wake`` is set (a worker that reconnected says so without waiting). A broker outage is
-    logged once and retried: a missing heartbeat is how ``check`` learns of it."""
+    logged once and retried: a missing heartbeat is how ``check`` learns of it. Returns at once
+    on a transport that keeps no heartbeats (memory)."""
     if interval_s <= 0:
         raise ConfigError(f"heartbeat interval must be > 0 s, got {interval_s}")
-    send = _sender(transport, group, interval_s)
-    if send is None:
-        return
     wake = wake or asyncio.Event()
     failing = False
     while True:
         wake.clear()
         try:
-            await send(_beat(app, group, consumer, interval_s, inflight(), connected=connected()))
+            beat = _beat(app, group, consumer, interval_s, inflight(), connected=connected())
+            await transport.write_heartbeat(group, consumer, beat, interval_s=interval_s)
+        except NotSupportedError:  # memory: nobody else could read it
+            return
         except TransportError as exc:
             if not failing:
                 log.warning("could not publish a heartbeat (retrying every %g s): %s", interval_s, exc)
@@ -152,75 +152,12 @@ async def beat_forever(transport: Transport, group: str, consumer: str, interval
 
 async def send_last_beat(transport: Transport, group: str, consumer: str, interval_s: float, *,
                          app: str = "debatebus") -> None:
-    """Say that this consumer stopped, so ``check`` stops counting it at once: the pub/sub key is
-    deleted when it holds this consumer's beat, elsewhere a last beat with ``stopping: true`` is
-    written. Raises ``TransportError`` when the broker cannot be reached."""
-    if _redis_kind(transport) == "pubsub":
-        await _delete_own_key(_redis_client(transport), heartbeat_key(group), consumer)
-        return
-    send = _sender(transport, group, interval_s)
-    if send is not None:
-        await send(_beat(app, group, consumer, interval_s, 0, stopping=True))
-
-
-def _sender(transport: Transport, group: str, interval_s: float) -> Send | None:
-    if isinstance(transport, MemoryTransport):
-        return None
-    kind = _redis_kind(transport)
-    if kind == "streams":
-        return lambda body: _xadd(_redis_client(transport), body)
-    if kind == "pubsub":
-        # Outlives the check's window by far, so a dead worker reads as "stale", not "absent".
-        ttl = max(60, int(interval_s * 10))
-        return lambda body: _set_key(_redis_client(transport), heartbeat_key(group), body, ttl)
-    return lambda body: transport.publish(Outgoing(HEARTBEAT_TOPIC, body, key=group))
-
-
-def _redis_kind(transport: Transport) -> str | None:
-    try:  # redis is an optional extra: without it no transport can be a Redis one
-        from debatebus.transports.redis_pubsub import RedisPubSubTransport
-        from debatebus.transports.redis_streams import RedisStreamsTransport
-    except ImportError:
-        return None
-    if isinstance(transport, RedisStreamsTransport):
-        return "streams"
-    return "pubsub" if isinstance(transport, RedisPubSubTransport) else None
-
-
-def _redis_client(transport: Transport) -> Redis:
-    # The Redis transports keep their client private; their publish() cannot trim a stream or SET
-    # a key, which heartbeats need so they neither grow without bound nor vanish on pub/sub.
-    client: Redis | None = getattr(transport, "client", None)
-    if client is None:
-        client = getattr(transport, "_client", None)
-    if client is None:
-        raise TransportError("the Redis transport is not connected: no heartbeat sent")
-    return client
-
-
-async def _xadd(client: Redis, body: bytes) -> None:
-    from debatebus.transports.redis_common import describe, map_redis_errors
-
-    with map_redis_errors(describe(None, client)):
-        await client.xadd(HEARTBEAT_TOPIC, {b"envelope": body}, maxlen=STREAM_MAXLEN,
-                          approximate=True)
-
-
-async def _set_key(client: Redis, key: str, body: bytes, ttl_s: int) -> None:
-    from debatebus.transports.redis_common import describe, map_redis_errors
-
-    with map_redis_errors(describe(None, client)):
-        await client.set(key, body, ex=ttl_s)
-
-
-async def _delete_own_key(client: Redis, key: str, consumer: str) -> None:
-    # Another worker of the group may have written the key since: its beat stays.
-    from debatebus.transports.redis_common import describe, map_redis_errors
-
-    with map_redis_errors(describe(None, client)):
-        beat = _decode(await client.get(key))
-        if beat is not None and beat.get("consumer") == consumer:
-            await client.delete(key)
+    """Say that this consumer stopped, so ``check`` stops counting it at once: a last beat with
+    ``stopping: true`` (on Redis pub/sub, the group's key is deleted when it holds this
+    consumer's beat). Raises ``TransportError`` when the broker cannot be reached."""
+    beat = _beat(app, group, consumer, interval_s, 0, stopping=True)
+    with contextlib.suppress(NotSupportedError):
+        await transport.write_heartbeat(group, consumer, beat, interval_s=interval_s, last=True)
 
 
 # ---- reading ----------------------------------------------------------------------------------

@@ -14,13 +14,16 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
-from typing import IO, Any, Final, Literal
+from typing import IO, TYPE_CHECKING, Any, Final, Literal
 
 from debatebus.exceptions import ConfigError
 from debatebus.observability._events import call_round
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.redaction import redact
 from debatebus.schemas import events as ev
+
+if TYPE_CHECKING:
+    from debatebus.handlers.contract import HandlerResult
 
 __all__ = [
     "ContextFilter",
@@ -207,16 +210,17 @@ class LoggingObserver(Observer):
             said = json.dumps(event.verdict) if isinstance(event, ev.VerdictReached) else event.text
             text = f": {said}"
         self._emit(ctx, logging.DEBUG, "%s by %s%s (%s, %.0f ms, %d tokens)%s",
-                   event.__struct_config__.tag, event.speaker, where, event.model or "model?",
+                   event.kind, event.speaker, where, event.model or "model?",
                    event.duration_ms, event.usage.total_tokens, text)
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
-                         result: Mapping[str, Any] | None, duration_s: float) -> None:
-        if result is not None and isinstance(result.get("debateId"), str):
-            ctx.scratch.setdefault(_DEBATE_ID, result["debateId"])
+                         result: HandlerResult | None, duration_s: float) -> None:
+        fields = result.fields if result is not None else None
+        if fields is not None and isinstance(fields.get("debateId"), str):
+            ctx.scratch.setdefault(_DEBATE_ID, fields["debateId"])
         level = logging.INFO if outcome in _QUIET_OUTCOMES else logging.WARNING
         self._emit(ctx, level, "request %s after %.2f s (delivery %d)%s", outcome, duration_s,
-                   ctx.deliveries, self._summary(ctx, outcome, result),
+                   ctx.deliveries, self._summary(ctx, outcome, fields),
                    outcome=outcome, durationS=round(duration_s, 3), deliveries=ctx.deliveries)
         _CURRENT.set(None)
 
@@ -225,7 +229,7 @@ class LoggingObserver(Observer):
         if outcome == "dead_lettered":
             return f": moved to {ctx.event_type}:dlq"
         if outcome == "unsettled":
-            return ": left for redelivery"
+            return ": released unsettled, to be handed out again"
         if result is None:
             return ""
         usage = result.get("debateTokenUsage") or {}

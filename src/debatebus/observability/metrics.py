@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 try:
@@ -33,6 +33,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas import events as ev
+
+if TYPE_CHECKING:
+    from debatebus.handlers.contract import HandlerResult
 
 __all__ = ["DEFAULT_METRICS_HOST", "MetricsServer", "PrometheusObserver", "start_metrics_server"]
 
@@ -129,9 +132,9 @@ class PrometheusObserver(Observer):
         self.llm_call_duration.labels(model, purpose).observe(event.duration_ms / 1000.0)
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
-                         result: Mapping[str, Any] | None, duration_s: float) -> None:
+                         result: HandlerResult | None, duration_s: float) -> None:
         self.in_flight.labels(ctx.event_type).dec()
-        if result is not None and result.get("debateReplayed"):
+        if result is not None and result.replayed:
             # The worker calls a replayed *failure* "failed"; counting it again would make one
             # failed debate look like many.
             outcome = "replayed"

@@ -19,13 +19,16 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, call_round
 from debatebus.observability.logs import redact
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import TokenUsage
+
+if TYPE_CHECKING:
+    from debatebus.handlers.contract import HandlerResult
 
 try:
     from opentelemetry import trace
@@ -112,7 +115,7 @@ class TracingObserver(Observer):
         return carrier
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
-                         result: Mapping[str, Any] | None, duration_s: float) -> None:
+                         result: HandlerResult | None, duration_s: float) -> None:
         if self._tracer is None:
             return
         debate = self._debate_span(ctx)
@@ -124,7 +127,7 @@ class TracingObserver(Observer):
         if ctx.request_id is not None:
             debate.set_attribute("debatebus.request_id", ctx.request_id)
         if outcome in _FAILED_OUTCOMES:
-            error = result.get("debateError") if result is not None else None
+            error = result.fields.get("debateError") if result is not None else None
             debate.set_status(Status(StatusCode.ERROR, redact(str(error or outcome))))
         debate.end()
 

@@ -462,18 +462,19 @@ def _messages(routes: list[_Route], events: bool) -> dict[str, Any]:
 def _routes(app: DebateBus) -> list[_Route]:
     """The app's routes in subscription order, each with ids of its own (a suffix from its event
     type) unless it is the only one."""
-    if not app.routes:
+    handlers = app.handlers()
+    if not handlers:
         raise ConfigError("the app subscribes no handler: there is nothing to document")
-    if len(app.routes) == 1:
-        ((event_type, route),) = app.routes.items()
-        return [_Route(event_type, isinstance(route.handler, DebateHandler), "")]
+    if len(handlers) == 1:
+        ((event_type, handler),) = handlers.items()
+        return [_Route(event_type, isinstance(handler, DebateHandler), "")]
     routes: dict[str, _Route] = {}
-    for event_type, route in app.routes.items():
+    for event_type, handler in handlers.items():
         suffix = "_" + re.sub(r"[^A-Za-z0-9.-]", "_", event_type.replace(":", "."))
         if suffix in routes:
             raise ConfigError(f"event types {routes[suffix].event_type!r} and {event_type!r} "
                               "would share AsyncAPI channel ids: rename one of them")
-        routes[suffix] = _Route(event_type, isinstance(route.handler, DebateHandler), suffix)
+        routes[suffix] = _Route(event_type, isinstance(handler, DebateHandler), suffix)
     return list(routes.values())
 
 

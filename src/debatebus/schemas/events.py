@@ -36,6 +36,11 @@ class _Event(msgspec.Struct, tag_field="type", rename="camel", kw_only=True, gc=
     seq: int
     request_id: str | None = None
 
+    @property
+    def kind(self) -> str:
+        """The event's type as on the wire (its ``type`` field): ``"turn_completed"``, …"""
+        return str(self.__struct_config__.tag)
+
 
 class _CallEvent(_Event, kw_only=True):
     """An event that reports one model call: which model, and how long it took."""

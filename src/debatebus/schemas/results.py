@@ -15,26 +15,10 @@ from debatebus.engine.result import DebateResult
 from debatebus.redaction import redact
 
 __all__ = [
-    "DEBATE_FIELDS",
     "failure_fields",
     "result_fields",
     "to_builtins",
 ]
-
-DEBATE_FIELDS = (
-    "debateId",
-    "debateOutput",
-    "debateSynthesis",
-    "debateRounds",
-    "debateStatus",
-    "debateTokenUsage",
-    "debateTranscript",
-    "debateVerdict",
-    "debatePhiHat",
-    "debateSatisfied",
-    "debateError",
-    "debateReplayed",
-)
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -48,8 +32,9 @@ def to_builtins(value: Any) -> Any:
     return msgspec.to_builtins(value, enc_hook=_enc_hook)
 
 
-def result_fields(result: DebateResult, *, replayed: bool = False) -> dict[str, Any]:
-    """The result fields of a debate that ran; its error is redacted like ``failure_fields``'."""
+def result_fields(result: DebateResult) -> dict[str, Any]:
+    """The result fields of a debate that ran (``debateReplayed`` is false: a stored or shared
+    result is marked where it is replayed); its error is redacted like ``failure_fields``'."""
     usage = result.token_usage
     return {
         "debateId": result.debate_id,
@@ -67,7 +52,7 @@ def result_fields(result: DebateResult, *, replayed: bool = False) -> dict[str, 
         "debatePhiHat": result.phi_hat,
         "debateSatisfied": result.satisfied,
         "debateError": redact(result.error) if result.error else result.error,
-        "debateReplayed": replayed,
+        "debateReplayed": False,
     }
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from debatebus.exceptions import ConfigError
@@ -11,14 +12,19 @@ from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 
 __all__ = [
+    "DEFAULT_BROKER",
     "Delivery",
     "MemoryBroker",
     "MemoryTransport",
     "Outgoing",
     "Transport",
+    "broker_url",
     "dlq_topic",
     "transport_from_url",
 ]
+
+#: The broker when none is given and ``$DEBATEBUS_BROKER`` is unset.
+DEFAULT_BROKER: Final = "redis://localhost:6379/0"
 
 SCHEMES = ("memory://", "redis://", "rediss://", "redis+pubsub://", "rediss+pubsub://", "kafka://")
 
@@ -40,6 +46,12 @@ def _scheme(url: str) -> str:
     except ValueError as exc:  # a port that is not a number from 0 to 65535, a broken [IPv6]
         raise _bad_url(url, exc) from None
     return parts.scheme
+
+
+def broker_url(value: str | None = None) -> str:
+    """The broker to use: ``value``, else ``$DEBATEBUS_BROKER``, else ``DEFAULT_BROKER`` (the one
+    rule of ``DebateBus()``, ``BusClient()`` and every CLI command)."""
+    return value or os.environ.get("DEBATEBUS_BROKER") or DEFAULT_BROKER
 
 
 def transport_from_url(url: str, **options: Any) -> Transport:

@@ -4,7 +4,14 @@ Delivery model (the Redis Streams model, which every transport emulates as far a
 ``consume`` yields messages for a consumer group; each message is settled exactly once with
 ``ack`` (optionally publishing results *atomically with* the ack where the broker allows it) or
 ``reject`` (back to the group for redelivery, or to the dead-letter topic ``{topic}:dlq``).
-A message that is never settled — its consumer died — is redelivered to another consumer.
+A message that is never settled — its consumer died — is redelivered to another consumer. While a
+consumer lives, its transport keeps what it holds from being taken over (Redis Streams: its own
+keep-alive; Kafka: the group heartbeat), until the delivery is settled or ``release``d.
+
+Optional capabilities are methods of the interface too, so callers never probe for them:
+``read_range`` (ops replay; raises ``NotSupportedError`` where the broker keeps no history, with
+``position_kind`` saying how positions are written) and ``write_heartbeat`` (where
+``debatebus check`` finds a worker's heartbeat).
 """
 
 from __future__ import annotations
@@ -13,13 +20,43 @@ import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Final, Literal, Self
 
-__all__ = ["Delivery", "Outgoing", "Transport", "dlq_topic"]
+from debatebus.exceptions import NotSupportedError
+
+__all__ = [
+    "HEARTBEAT_STREAM_MAXLEN",
+    "HEARTBEAT_TOPIC",
+    "ORIGIN_HEADER",
+    "REASON_HEADER",
+    "Delivery",
+    "Outgoing",
+    "PositionKind",
+    "Transport",
+    "dlq_topic",
+    "heartbeat_key",
+]
+
+#: A dead letter's header (Redis Streams: its ``reason`` field) saying why it was dead-lettered.
+REASON_HEADER: Final = "x-debatebus-reason"
+#: A dead letter's header (Redis Streams: its ``origin`` field) naming the topic it came from.
+ORIGIN_HEADER: Final = "x-debatebus-origin"
+#: Where workers' heartbeats go (a stream or topic; Redis pub/sub: ``heartbeat_key`` instead).
+HEARTBEAT_TOPIC: Final = "debatebus:heartbeat"
+#: About how many heartbeats the Redis stream keeps (approximate trimming).
+HEARTBEAT_STREAM_MAXLEN: Final = 1000
+#: How ``read_range`` takes positions: stream entry ids (``1700000000000-0``, ``-``/``+`` for the
+#: open ends) or offsets (ints, or datetimes for record times; None for an open end).
+PositionKind = Literal["entry-id", "offset"]
 
 
 def dlq_topic(topic: str) -> str:
     return f"{topic}:dlq"
+
+
+def heartbeat_key(group: str) -> str:
+    """The Redis key holding a group's newest heartbeat (Redis pub/sub workers)."""
+    return f"{HEARTBEAT_TOPIC}:{group}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +88,10 @@ class Delivery:
 
 
 class Transport(abc.ABC):
-    """Publish, consume, settle. Backend errors surface as ``debatebus.TransportError``."""
+    """Publish, consume, settle. Backend errors surface as ``debatebus.exceptions.TransportError``."""
 
-    #: Whether settled messages survive a restart and unsettled ones are redelivered.
-    durable: bool = True
-    #: Whether ``ack`` publishes its results and acknowledges in one atomic step.
-    atomic_ack: bool = False
+    #: How this transport's ``read_range`` takes positions.
+    position_kind: ClassVar[PositionKind] = "entry-id"
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -89,7 +124,8 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
-        """Publish ``results`` and acknowledge ``delivery`` (atomically when ``atomic_ack``)."""
+        """Publish ``results`` and acknowledge ``delivery`` (in one atomic step where the broker
+        allows it: Redis Streams, memory)."""
 
     @abc.abstractmethod
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
@@ -108,10 +144,21 @@ class Transport(abc.ABC):
         it alive, so it is claimed after ``claim_idle_ms``; Kafka: hand it out again from the
         same consumer (the partition is not blocked). Never raises."""
 
-    async def touch(self, deliveries: Sequence[Delivery]) -> None:  # noqa: B027 - optional hook
-        """Tell the broker these deliveries are still being worked on, so a long debate is not
-        reclaimed from a live worker (Streams: reset their idle time). A no-op where the broker
-        tracks liveness itself (Kafka heartbeats)."""
+    def read_range(self, topic: str, start: Any = None, end: Any = None) -> AsyncIterator[Delivery]:
+        """The messages of ``topic`` from ``start`` to ``end`` (inclusive; None: open), oldest
+        first, up to the end as it was when called, for ops replay; positions as
+        ``position_kind`` says. Nothing to settle. Raises ``NotSupportedError`` where the broker
+        keeps no history (Redis pub/sub)."""
+        raise NotSupportedError(f"{type(self).__name__} keeps no history to read or replay: "
+                                "replay works on Redis Streams and Kafka")
+
+    async def write_heartbeat(self, group: str, consumer: str, beat: bytes, *,
+                              interval_s: float, last: bool = False) -> None:
+        """Store a worker heartbeat (JSON) where ``debatebus check`` reads it; ``last``: the
+        worker is stopping. By default a message on ``HEARTBEAT_TOPIC`` keyed by ``group``
+        (Kafka); Redis trims its stream or keeps a key instead. Raises ``NotSupportedError``
+        where no other process could read it (memory)."""
+        await self.publish(Outgoing(HEARTBEAT_TOPIC, beat, key=group))
 
     async def ensure_topics(self, topics: Sequence[str]) -> None:  # noqa: B027 - optional hook
         """Create topics/groups that must exist before consuming (Kafka); a no-op elsewhere."""

@@ -3,6 +3,10 @@
 For tests, the embedded demo and users' own tests. Transports built on the same ``MemoryBroker``
 see the same topics, so a publisher, a worker and a listener can share one in a test.
 
+As on Redis Streams, a transport keeps alive what it holds: an entry it was handed is never taken
+over while the transport is open, until it is settled or released; a released entry (or one held
+by a closed transport, i.e. a consumer that died) is handed out again ``claim_idle_s`` later.
+
 Faults, for testing what a worker does when the broker misbehaves: ``MemoryBroker.inject`` makes
 the next calls of one kind raise (``connect``, ``consume``, or ``settle`` — ``ack`` and ``reject``),
 and ``MemoryBroker(max_message_bytes=…)`` refuses larger messages with ``MessageTooLargeError``
@@ -20,23 +24,33 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from debatebus.exceptions import MessageTooLargeError, TransportError
-from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
+from debatebus.exceptions import MessageTooLargeError, NotSupportedError, TransportError
+from debatebus.transports.base import (
+    ORIGIN_HEADER,
+    REASON_HEADER,
+    Delivery,
+    Outgoing,
+    Transport,
+    dlq_topic,
+)
 
 __all__ = ["MemoryBroker", "MemoryTransport", "default_broker"]
-
-REASON_HEADER = "x-debatebus-reason"
 
 Fault = Literal["connect", "consume", "settle"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Pending:
     entry: int
     consumer: str
     deliveries: int
+    #: The transport holding it, keeping it alive; None once released (or its holder closed),
+    #: from ``since`` on.
+    holder: MemoryTransport | None
     since: float
-    released: bool = False
+
+    def claimable(self, now: float, idle_s: float) -> bool:
+        return self.holder is None and now - self.since >= idle_s
 
 
 @dataclass(slots=True)
@@ -118,8 +132,6 @@ def default_broker() -> MemoryBroker:
 
 
 class MemoryTransport(Transport):
-    atomic_ack = True
-
     def __init__(self, broker: MemoryBroker | None = None) -> None:
         self.broker = broker or default_broker()
         self._closed = False
@@ -128,7 +140,13 @@ class MemoryTransport(Transport):
         self.broker.check("connect")
 
     async def close(self) -> None:
+        """What it holds is no longer kept alive: handed out again ``claim_idle_s`` from now."""
         self._closed = True
+        now = time.monotonic()
+        for group in self.broker.groups.values():
+            for pending in group.pending.values():
+                if pending.holder is self:
+                    pending.holder, pending.since = None, now
 
     async def publish(self, message: Outgoing) -> str:
         return (await self.broker.append([message]))[0]
@@ -140,7 +158,7 @@ class MemoryTransport(Transport):
         if entry is None:
             entry = next(
                 (p.entry for p in group.pending.values()
-                 if now - p.since >= self.broker.claim_idle_s), None)
+                 if p.claimable(now, self.broker.claim_idle_s)), None)
         if entry is None:
             log = self.broker.log(topic)
             if group.cursor >= len(log):
@@ -149,7 +167,7 @@ class MemoryTransport(Transport):
             group.cursor += 1
         previous = group.pending.get(entry)
         deliveries = previous.deliveries + 1 if previous else 1
-        group.pending[entry] = _Pending(entry, consumer, deliveries, now)
+        group.pending[entry] = _Pending(entry, consumer, deliveries, self, now)
         message = self.broker.log(topic)[entry]
         return Delivery(topic, message.body, f"{entry + 1}-0", deliveries, message.key,
                         dict(message.headers), token=(group_name, entry))
@@ -185,19 +203,12 @@ class MemoryTransport(Transport):
         del self.broker.groups[(delivery.topic, group_name)].pending[entry]
         return True
 
-    async def touch(self, deliveries: Sequence[Delivery]) -> None:
-        now = time.monotonic()
-        for delivery in deliveries:
-            pending = self._pending(delivery)
-            if pending is not None and not pending.released:
-                pending.since = now
-
     def release(self, delivery: Delivery) -> None:
-        """As on Redis Streams: the entry stays pending, is no longer kept alive (``touch``
-        ignores it) and is handed out again ``claim_idle_s`` after it was last touched."""
+        """As on Redis Streams: the entry stays pending, is no longer kept alive, and is handed
+        out again ``claim_idle_s`` from now."""
         pending = self._pending(delivery)
-        if pending is not None:
-            pending.released = True
+        if pending is not None and pending.holder is not None:
+            pending.holder, pending.since = None, time.monotonic()
 
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
         if self._settle(delivery, results):
@@ -210,10 +221,15 @@ class MemoryTransport(Transport):
             if self._pending(delivery) is not None:
                 self.broker.groups[(delivery.topic, group_name)].requeued.append(entry)
             return
-        headers = {**delivery.headers, REASON_HEADER: reason, "x-debatebus-origin": delivery.topic}
+        headers = {**delivery.headers, REASON_HEADER: reason, ORIGIN_HEADER: delivery.topic}
         dead = [Outgoing(dlq_topic(delivery.topic), delivery.body, delivery.key, headers)]
         if self._settle(delivery, ()):
             await self.broker.append(dead)
+
+    async def write_heartbeat(self, group: str, consumer: str, beat: bytes, *,
+                              interval_s: float, last: bool = False) -> None:
+        """Not supported: no other process could read it."""
+        raise NotSupportedError("memory:// lives inside one process: it keeps no heartbeats")
 
     async def read_range(self, topic: str, start: str = "-", end: str = "+") -> AsyncIterator[Delivery]:
         """Entries between two ids (``N-0``, inclusive; ``-``/``+`` for the ends), oldest first,

@@ -2,7 +2,9 @@
 redis→debatebus error mapping and the command packer (the batcher is in ``redis_pipeline``).
 
 Timeouts: clients are built without a per-read socket timeout (redis-py would arm one for every
-reply of a pipeline); each call is bounded as a whole instead (``redis_call``).
+reply of a pipeline); each call is bounded as a whole instead, by ``redis_call`` or, for what
+goes through a ``CommandBatcher``, by the batcher's per-pipeline timer (the transports'
+``command_timeout``, the checkpoint store's ``timeout_s``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -35,7 +36,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.transports.base import Delivery, Outgoing, Transport
+from debatebus.transports.base import Delivery, Outgoing, Transport, heartbeat_key
 from debatebus.transports.redis_common import (
     NO_HEADERS,
     ReadTracker,
@@ -63,9 +64,6 @@ class RedisPubSubTransport(Transport):
     use instead of building one from ``url``; it is left open by ``close``. ``poll_ms`` bounds
     how long a listener waits before noticing ``close`` or a requeued message.
     """
-
-    durable = False
-    atomic_ack = False
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, connect_timeout: float = 5.0,
                  command_timeout: float = 10.0, client: Redis | None = None,
@@ -117,6 +115,19 @@ class RedisPubSubTransport(Transport):
             client, self._client = self._client, None
             with contextlib.suppress(redis_errors.RedisError, OSError):
                 await client.aclose()
+
+    async def write_heartbeat(self, group: str, consumer: str, beat: bytes, *,
+                              interval_s: float, last: bool = False) -> None:
+        """Pub/sub keeps no messages: the key ``heartbeat_key(group)``, SET with an expiry that
+        outlives ``debatebus check``'s window by far (a dead worker reads as stale, not absent).
+        A last beat deletes the key if it holds this consumer's beat (another worker's stays)."""
+        client, _, _ = self._parts()
+        key = heartbeat_key(group)
+        async with redis_call(self._where, self._timeout):
+            if not last:
+                await client.set(key, beat, ex=max(60, int(interval_s * 10)))
+            elif _consumer_of(await client.get(key)) == consumer:
+                await client.delete(key)
 
     def _parts(self) -> tuple[Redis, CommandBatcher, RedisStreamsTransport]:
         if self._client is None or self._batcher is None or self._dead is None or self._closed:
@@ -247,6 +258,15 @@ class _Liveness:
         elif now - self._heard > self._half:
             await self._pubsub.ping()
             self._pinged = now
+
+
+def _consumer_of(raw: bytes | str | None) -> object:
+    """The ``consumer`` of a stored heartbeat, or None for anything else."""
+    try:
+        beat = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return beat.get("consumer") if isinstance(beat, dict) else None
 
 
 async def _quietly_close(pubsub: PubSub) -> None:

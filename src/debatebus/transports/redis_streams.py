@@ -50,7 +50,16 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
+from debatebus.transports.base import (
+    HEARTBEAT_STREAM_MAXLEN,
+    HEARTBEAT_TOPIC,
+    ORIGIN_HEADER,
+    REASON_HEADER,
+    Delivery,
+    Outgoing,
+    Transport,
+    dlq_topic,
+)
 from debatebus.transports.redis_common import (
     NO_HEADERS,
     ReadTracker,
@@ -72,8 +81,6 @@ __all__ = [
 ]
 
 ENVELOPE, KEY, HEADERS = b"envelope", b"key", b"headers"
-REASON_HEADER = "x-debatebus-reason"
-ORIGIN_HEADER = "x-debatebus-origin"
 ORIGIN_ID_HEADER = "x-debatebus-origin-id"
 DELIVERIES_HEADER = "x-debatebus-deliveries"
 #: Dead-letter fields and the headers they are read back as.
@@ -196,9 +203,6 @@ class RedisStreamsTransport(Transport):
     ``socket_timeout`` (redis-py's default is 5 s: keep ``block_ms`` below it).
     ``command_timeout`` bounds every call but the blocking reads, which get ``block_ms`` more.
     """
-
-    durable = True
-    atomic_ack = True
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, claim_idle_ms: int = 30_000,
                  block_ms: int = 1_000, max_len: int | None = None, connect_timeout: float = 5.0,
@@ -475,15 +479,6 @@ class RedisStreamsTransport(Transport):
                 counts[ident] = int(reply[0]["times_delivered"])
         return counts
 
-    async def touch(self, deliveries: Sequence[Delivery]) -> None:
-        """Reset the idle time of ``deliveries`` now (the transport also does so on its own for
-        everything it holds, every ``claim_idle_ms / 3``)."""
-        held: dict[_Lease, list[str]] = {}
-        for delivery in deliveries:
-            held.setdefault(_lease_of(delivery), []).append(delivery.id)
-        async with self._call():
-            await self._refresh(held)
-
     async def _refresh(self, held: Mapping[_Lease, Iterable[str]]) -> None:
         # XCLAIM … JUSTID resets the idle time without counting a delivery.
         pipe = self._redis().pipeline(transaction=False)
@@ -517,6 +512,16 @@ class RedisStreamsTransport(Transport):
                 log.info("Redis at %s answers again: held entries are kept alive again",
                          self._where)
             failing = False
+
+    # -- heartbeats ------------------------------------------------------------------------------
+
+    async def write_heartbeat(self, group: str, consumer: str, beat: bytes, *,
+                              interval_s: float, last: bool = False) -> None:
+        """An entry of the stream ``HEARTBEAT_TOPIC`` (field ``envelope``, so ``debatebus tail``
+        shows it), trimmed to about ``HEARTBEAT_STREAM_MAXLEN`` entries."""
+        async with self._call():
+            await self._redis().xadd(HEARTBEAT_TOPIC, {ENVELOPE: beat},
+                                     maxlen=HEARTBEAT_STREAM_MAXLEN, approximate=True)
 
     # -- reading outside any group ---------------------------------------------------------------
 

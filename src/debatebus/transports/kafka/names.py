@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from debatebus.exceptions import ConfigError
+from debatebus.transports.base import REASON_HEADER
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
@@ -26,7 +27,6 @@ __all__ = [
 
 CONTENT_TYPE_HEADER: Final = "content-type"
 SCHEMA_HEADER: Final = "x-debatebus-schema-version"
-REASON_HEADER: Final = "x-debatebus-reason"
 DELIVERIES_HEADER: Final = "x-debatebus-deliveries"  # never trusted: dropped when consumed
 ORIGIN_HEADER: Final = "x-debatebus-origin"
 ORIGIN_PARTITION_HEADER: Final = "x-debatebus-origin-partition"

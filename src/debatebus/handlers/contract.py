@@ -1,0 +1,85 @@
+"""The one way a bus calls a handler: ``await handle(payload, ctx) -> HandlerResult``.
+
+Two kinds of handler can be subscribed, told apart once, by ``DebateBus.subscribe``:
+
+* a ``BusHandler`` — an object with ``async def handle(payload, ctx) -> HandlerResult`` (what
+  ``Debate.as_handler()`` returns): it gets the request id, the event sink and the delivery;
+* a plain ``async def h(payload) -> Mapping``: ``adapt`` wraps it once, reading its
+  ``debateStatus`` / ``debateReplayed`` fields (the wire names) into a ``HandlerResult``.
+
+The worker and the observers read the result's attributes; its ``fields`` are what is published.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from debatebus.engine.run import OnEvent
+from debatebus.exceptions import ConfigError
+from debatebus.transports.base import Delivery
+
+__all__ = [
+    "BusHandler",
+    "Handle",
+    "Handler",
+    "HandlerContext",
+    "HandlerResult",
+    "PlainHandler",
+    "adapt",
+]
+
+Status = Literal["completed", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What a handler may need besides the payload: the request's id, where the debate's events
+    go (None: nobody listens) and the delivery being handled (event type, id, delivery count)."""
+
+    request_id: str
+    on_event: OnEvent | None
+    delivery: Delivery
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerResult:
+    """A handled request: ``completed`` or ``failed``, the fields to publish (the payload merged
+    with the ``debate*`` result fields), and whether they were a stored or shared result."""
+
+    status: Status
+    fields: dict[str, Any] = field(default_factory=dict)
+    replayed: bool = False
+
+
+@runtime_checkable
+class BusHandler(Protocol):
+    """A handler that takes the context: ``DebateHandler`` is one."""
+
+    async def handle(self, payload: Mapping[str, Any], ctx: HandlerContext) -> HandlerResult: ...
+
+
+PlainHandler = Callable[[Mapping[str, Any]], Awaitable[Mapping[str, Any]]]
+#: What ``DebateBus.subscribe`` accepts.
+Handler = BusHandler | PlainHandler
+#: What the worker calls: every handler, adapted once.
+Handle = Callable[[Mapping[str, Any], HandlerContext], Awaitable[HandlerResult]]
+
+
+def adapt(handler: Handler) -> Handle:
+    """``handler`` as a ``Handle``: a ``BusHandler``'s own ``handle``, or a plain handler wrapped.
+    ``ConfigError`` for anything else."""
+    if isinstance(handler, BusHandler):
+        return handler.handle
+    if not callable(handler):
+        raise ConfigError(f"a handler must be an async callable or have an async handle(payload, "
+                          f"ctx) method, got {handler!r}")
+    plain = handler
+
+    async def handle(payload: Mapping[str, Any], ctx: HandlerContext) -> HandlerResult:
+        fields = dict(await plain(payload))
+        status: Status = "failed" if fields.get("debateStatus") == "failed" else "completed"
+        return HandlerResult(status, fields, bool(fields.get("debateReplayed")))
+
+    return handle
