@@ -1,9 +1,10 @@
 """The embedded model's speed: tokens/s and seconds per debate, in-process and through a server.
 
-    python benchmarks/local_llm.py [--debates N] [--threads T]
+    python benchmarks/local_llm.py [--debates N] [--threads T] [--word-limit W]
 
 The debate is 3 participants × 2 rounds round-robin with a judge ruling after each round (8 model
-calls; ``until`` keeps it to exactly 2 rounds whatever the judge says). It runs first with
+calls; ``until`` keeps it to exactly 2 rounds whatever the judge says); turns are limited to
+``--word-limit`` words (60, as in the demo; 0 for none: up to MAX_TOKENS tokens). It runs first with
 ``LocalLLM`` in this process, then with ``OpenAICompatibleLLM`` against
 ``python -m llama_cpp.server`` serving the same GGUF with the same thread count. Figures are
 printed, not asserted: they depend on the machine and on whatever else it is running.
@@ -49,6 +50,7 @@ class Figures:
     total_tokens: int
     calls: int
     generation_tps: float
+    evaluated: int | None = None  # prompt tokens llama.cpp evaluated (LocalLLM only)
 
     def lines(self) -> list[str]:
         wall = sum(self.seconds)
@@ -66,13 +68,32 @@ class Figures:
             f"{self.total_tokens / wall:6.1f} total tokens/s",
             f"  per debate                  : {self.calls / len(self.seconds):.0f} calls, "
             f"{self.total_tokens / len(self.seconds):.0f} tokens",
+            *self._reuse_lines(),
+        ]
+
+    def _reuse_lines(self) -> list[str]:
+        if self.evaluated is None:
+            return []
+        n = len(self.seconds)
+        prompt = (self.total_tokens - self.completion_tokens) / n
+        evaluated = self.evaluated / n
+        return [
+            f"  prompt tokens per debate    : {prompt:.0f} sent, {evaluated:.0f} evaluated, "
+            f"{prompt - evaluated:.0f} reused from the previous call's prefix"
         ]
 
 
-def build_debate(llm: LLM) -> Debate:
+def build_debate(llm: LLM, word_limit: int) -> Debate:
     participants = [Participant(name, prompt) for name, prompt in PARTICIPANTS]
+    limits = {"opening": word_limit, "rebuttal": word_limit} if word_limit else None
     return Debate(
-        "benchmark", participants, llm=llm, judge=Judge(), max_rounds=2, until=lambda state: False
+        "benchmark",
+        participants,
+        llm=llm,
+        judge=Judge(),
+        max_rounds=2,
+        until=lambda state: False,
+        word_limits=limits,
     )
 
 
@@ -90,9 +111,10 @@ async def generation_speed(llm: LLM) -> float:
     return (response.usage.completion_tokens if response.usage else 0) / elapsed
 
 
-async def measure(label: str, llm: LLM, debates: int) -> Figures:
+async def measure(label: str, llm: LLM, debates: int, word_limit: int) -> Figures:
     tps = await generation_speed(llm)
-    debate = build_debate(llm)
+    debate = build_debate(llm, word_limit)
+    evaluated_before = llm.stats.evaluated if isinstance(llm, LocalLLM) else 0
     seconds: list[float] = []
     completion = total = calls = 0
     for _ in range(debates):
@@ -104,7 +126,8 @@ async def measure(label: str, llm: LLM, debates: int) -> Figures:
         completion += result.token_usage.completion_tokens
         total += result.token_usage.total_tokens
         calls += result.calls
-    return Figures(label, seconds, completion, total, calls, tps)
+    evaluated = llm.stats.evaluated - evaluated_before if isinstance(llm, LocalLLM) else None
+    return Figures(label, seconds, completion, total, calls, tps, evaluated)
 
 
 def _free_port() -> int:
@@ -162,15 +185,17 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--debates", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--word-limit", type=int, default=60)
     args = parser.parse_args()
     model = default_model_path()
     print(
-        f"model {model.name}, {args.threads} threads, max_tokens {MAX_TOKENS}, {os.cpu_count()} CPUs"
+        f"model {model.name}, {args.threads} threads, max_tokens {MAX_TOKENS}, "
+        f"word limit {args.word_limit or 'none'}, {os.cpu_count()} CPUs"
     )
     print(f"load average before: {', '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
 
     local = LocalLLM(model, n_threads=args.threads, max_tokens=MAX_TOKENS, seed=1)
-    results = [await measure("in-process (LocalLLM)", local, args.debates)]
+    results = [await measure("in-process (LocalLLM)", local, args.debates, args.word_limit)]
     del local  # free the in-process model before the server loads its own copy
 
     with llama_server(model, args.threads) as base_url:
@@ -178,7 +203,9 @@ async def main() -> None:
             "smollm2", base_url=base_url, max_tokens=MAX_TOKENS, timeout=300
         )
         results.append(
-            await measure("llama_cpp.server (OpenAICompatibleLLM)", remote, args.debates)
+            await measure(
+                "llama_cpp.server (OpenAICompatibleLLM)", remote, args.debates, args.word_limit
+            )
         )
         await remote.aclose()
 

@@ -13,7 +13,11 @@ from debatebus.engine.definition import Protocol
 from debatebus.llm.base import LLM
 from debatebus.worker import DebateBus
 
-__all__ = ["app", "build_app", "build_debate"]
+__all__ = ["DEMO_WORD_LIMITS", "app", "build_app", "build_debate"]
+
+# Short turns keep a small model on topic (and a 3 × 2 debate with a judge fast): each limit is
+# asked for in the prompt and enforced by the call's token budget.
+DEMO_WORD_LIMITS = {"framing": 60, "opening": 60, "rebuttal": 60, "synthesis": 100}
 
 
 def build_debate(llm: LLM, *, judge: bool = True, rounds: int = 2,
@@ -32,6 +36,7 @@ def build_debate(llm: LLM, *, judge: bool = True, rounds: int = 2,
         judge=Judge() if judge else None,
         protocol=protocol,
         max_rounds=rounds,
+        word_limits=DEMO_WORD_LIMITS,
     )
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from debatebus import Debate, Judge, Participant, Verdict
 from debatebus.engine import Utility
+from debatebus.engine.prompts import SHARED_SYSTEM
 from debatebus.schemas import events as ev
 
 TOPIC = "How should the city spend its transport budget?"
@@ -64,8 +65,8 @@ async def test_positions_are_independent(make_stage):
 
     for name in UTILITIES:
         assert stage.prompt_of(name, "position", 1) == (
-            f"Topic: {TOPIC}\n\nYou are {name}.{utility(name)} State your independent position."
-            " Answer in at most 60 words."
+            f"Topic: {TOPIC}\n\n---\nNow it is {name}'s turn. You are {name}.{utility(name)}\n"
+            "State your independent position. Answer in at most 60 words."
         )
         others = [n for n in UTILITIES if n != name]
         assert all(other not in stage.prompt_of(name, "position", 1) for other in others)
@@ -79,7 +80,8 @@ async def test_revisions_see_the_others_positions_with_their_utilities(make_stag
         [position_line("bob", "bob position 1"), position_line("carol", "carol position 1")]
     )
     assert stage.prompt_of("alice", "revision", 2) == (
-        f"Topic: {TOPIC}\n\nYou are alice.{utility('alice')} The other participants' positions:\n"
+        f"Topic: {TOPIC}\n\n---\nNow it is alice's turn. You are alice.{utility('alice')}\n"
+        "The other participants' positions:\n"
         f"{others}\n\nRevise your position after considering theirs. Answer in at most 150 words."
     )
     bob = stage.prompt_of("bob", "revision", 2)
@@ -95,11 +97,12 @@ async def test_synthesis_weighs_every_revised_position_and_utility(make_stage):
     revised = "\n".join(position_line(n, f"{n} revision 2") for n in UTILITIES)
     assert stage.prompt_of("synthesis", "synthesis", 2) == (
         f"Topic: {TOPIC}\nRevised positions, with what each participant maximizes and penalizes:\n"
-        f"{revised}\n\nDo not average the positions. Show the tensions between these utilities "
+        f"{revised}\n\n---\nNow it is synthesis's turn. You synthesize debates neutrally.\n"
+        "Do not average the positions. Show the tensions between these utilities "
         "and the equilibrium that best respects them. Answer in at most 380 words."
     )
     (synthesis_request,) = [r for r in stage.requests if r.purpose == "synthesis"]
-    assert synthesis_request.system == "You synthesize debates neutrally."
+    assert synthesis_request.system == SHARED_SYSTEM  # the persona is in the prompt, last
 
 
 async def test_default_word_limits_and_overrides(make_stage):
@@ -115,7 +118,8 @@ async def test_participants_without_utility_get_no_utility_text(make_stage):
     plain = [Participant("x", "X"), Participant("y", "Y")]
     await Debate("plain", plain, llm=stage.llm, protocol="cross-pollination").run(TOPIC)
     assert stage.prompt_of("x", "position", 1) == (
-        f"Topic: {TOPIC}\n\nYou are x. State your independent position. Answer in at most 60 words."
+        f"Topic: {TOPIC}\n\n---\nNow it is x's turn. X\nState your independent position. "
+        "Answer in at most 60 words."
     )
     assert "[y] y position 1" in stage.prompt_of("x", "revision", 2)
     assert "\n[x] x revision 2\n[y] y revision 2\n" in stage.prompt_of("synthesis", "synthesis", 2)
@@ -127,7 +131,8 @@ async def test_audience_round_zero_models_the_recipient_first(make_stage):
 
     assert stage.keys[0] == ("audience", "audience", 0)
     assert stage.prompt_of("audience", "audience", 0) == (
-        f"Debate topic: {TOPIC}\nAudience: retired bus drivers\nDescribe what this audience knows, "
+        f"Debate topic: {TOPIC}\nAudience: retired bus drivers\n\n---\nNow it is audience's turn. "
+        "You model the audience of a debate.\nDescribe what this audience knows, "
         "needs and cares about, so the participants can address it. Answer in at most 120 words."
     )
     assert [(r.number, r.phase) for r in result.rounds] == [
@@ -171,8 +176,8 @@ async def test_judge_rules_once_after_the_revisions_on_the_full_transcript(make_
 
     assert [k for k in stage.keys if k[0] == "judge"] == [("judge", "judge", 2)]
     judge_prompt = stage.prompt_of("judge", "judge", 2)
-    assert "Round 1:\n[alice]: alice position 1\n[bob]: bob position 1" in judge_prompt
-    assert "\n\nRound 2:\n[alice]: alice revision 2\n[bob]: bob revision 2" in judge_prompt
+    assert "Round 1:\nalice said:\n> alice position 1\nbob said:\n> bob position 1" in judge_prompt
+    assert "\n\nRound 2:\nalice said:\n> alice revision 2\nbob said:\n> bob revision 2" in judge_prompt
     assert result.rounds[0].verdict is None
     assert isinstance(result.rounds[1].verdict, Verdict)
     assert result.satisfied is False  # the judge saw no consensus

@@ -45,8 +45,8 @@ async def test_degrade_records_a_failed_turn_and_goes_on(make_stage, events):
     assert bob.usage == TokenUsage()
     assert result.rounds[1].turns[1].failed is False  # bob speaks again in round 2
     # A failed turn is not shown to later speakers.
-    assert stage.prompt_of("carol", "opening", 1) == "Round 1:\n[alice]: alice opening 1"
-    assert "[bob]" not in stage.prompt_of("alice", "rebuttal", 2)
+    assert stage.prompt_of("carol", "opening", 1) == "Round 1:\nalice said:\n> alice opening 1"
+    assert "bob said" not in stage.prompt_of("alice", "rebuttal", 2)
     (failed,) = events.of(ev.TurnFailed)
     assert (failed.speaker, failed.round, failed.text) == ("bob", 1, "")
     assert failed.error == "RuntimeError: boom"
@@ -285,7 +285,7 @@ async def test_empty_responses_are_appended_as_is(make_stage):
     alice, bob, _ = result.rounds[0].turns
     assert (alice.text, alice.failed, alice.error) == ("", False, None)
     assert (bob.text, bob.failed) == ("   ", False)
-    assert stage.prompt_of("carol", "opening", 1) == "Round 1:\n[alice]: \n[bob]:    "
+    assert stage.prompt_of("carol", "opening", 1) == "Round 1:\nalice said nothing.\nbob said nothing."
     assert result.output == "alice: \nbob:    \ncarol: carol opening 1"
     assert result.token_usage == stage.expected_usage()
 

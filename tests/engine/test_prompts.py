@@ -61,8 +61,8 @@ async def test_answers_with_braces_pass_through_to_later_prompts(make_stage):
     stage = make_stage(replies={("alice", "opening", 1): "use {topic} and {{ y }}"})
     d = Debate("braces", people(), llm=stage.llm, moderator=Participant("moderator", "M"))
     await d.run("plain topic", max_rounds=1)
-    assert "[alice]: use {topic} and {{ y }}" in stage.prompt_of("bob", "opening", 1)
-    assert "[alice]: use {topic} and {{ y }}" in stage.prompt_of("moderator", "synthesis", 1)
+    assert "alice said:\n> use {topic} and {{ y }}" in stage.prompt_of("bob", "opening", 1)
+    assert "alice said:\n> use {topic} and {{ y }}" in stage.prompt_of("moderator", "synthesis", 1)
 
 
 async def test_a_topic_with_braces_in_a_custom_template(make_stage):
@@ -90,8 +90,8 @@ async def test_string_template_overrides_with_every_documented_field(make_stage)
 
     assert stage.prompt_of("bob", "rebuttal", 2) == (
         "fields|bob|2|alice, bob|T|Framing: moderator framing 0\n| Answer in at most 30 words.|"
-        "Round 1:\n[alice]: alice opening 1\n[bob]: bob opening 1\n\n"
-        "Round 2:\n[alice]: alice rebuttal 2"
+        "Round 1:\nalice said:\n> alice opening 1\nbob said:\n> bob opening 1\n\n"
+        "Round 2:\nalice said:\n> alice rebuttal 2"
     )
     # The other prompts keep the shipped defaults.
     assert "give your opening position" in stage.prompt_of("alice", "opening", 1)
@@ -129,7 +129,7 @@ async def test_callable_prompts_receive_the_context_and_debate_state(make_stage)
     assert all(s.framing == "moderator framing 0" for s in states)
     bob_round_3 = next(c for c in contexts if c.speaker == "bob" and c.round == 3)
     assert bob_round_3.state.verdict.summary == "after round 2"
-    assert bob_round_3.transcript.endswith("Round 3:\n[alice]: alice rebuttal 3")
+    assert bob_round_3.transcript.endswith("Round 3:\nalice said:\n> alice rebuttal 3")
     assert bob_round_3.participants == "alice, bob"
     assert "opening" in stage.prompt_of("alice", "opening", 1)  # still the shipped template
 

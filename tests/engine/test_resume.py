@@ -9,7 +9,8 @@ from debatebus.schemas import events as ev
 TOPIC = "Monorepo or polyrepo?"
 NAMES = ("alice", "bob", "carol")
 BARE = Prompts(opening="{transcript}", rebuttal="{transcript}", synthesis="{transcript}")
-R1 = "Round 1:\n[alice]: alice opening 1\n[bob]: bob opening 1\n[carol]: carol opening 1"
+R1 = ("Round 1:\nalice said:\n> alice opening 1\nbob said:\n> bob opening 1\ncarol said:\n"
+      "> carol opening 1")
 
 
 def people() -> list[Participant]:

@@ -8,6 +8,7 @@ from pydantic import BaseModel
 from debatebus import Debate, Judge, Participant, Verdict
 from debatebus.engine import DebateState, Prompts
 from debatebus.engine.definition import DEFAULT_JUDGE_PROMPT
+from debatebus.engine.prompts import SHARED_SYSTEM
 from debatebus.schemas import events as ev
 
 TOPIC = "Should cities ban cars from their centres?"
@@ -18,9 +19,9 @@ BARE = Prompts(
     opening="{transcript}", rebuttal="{transcript}", judge="{transcript}", synthesis="{transcript}"
 )
 
-R1 = "Round 1:\n[alice]: alice opening 1\n[bob]: bob opening 1\n[carol]: carol opening 1"
-R2 = "Round 2:\n[alice]: alice rebuttal 2\n[bob]: bob rebuttal 2\n[carol]: carol rebuttal 2"
-R3 = "Round 3:\n[alice]: alice rebuttal 3\n[bob]: bob rebuttal 3\n[carol]: carol rebuttal 3"
+R1 = "Round 1:\nalice said:\n> alice opening 1\nbob said:\n> bob opening 1\ncarol said:\n> carol opening 1"
+R2 = "Round 2:\nalice said:\n> alice rebuttal 2\nbob said:\n> bob rebuttal 2\ncarol said:\n> carol rebuttal 2"
+R3 = "Round 3:\nalice said:\n> alice rebuttal 3\nbob said:\n> bob rebuttal 3\ncarol said:\n> carol rebuttal 3"
 
 
 def people() -> list[Participant]:
@@ -72,21 +73,21 @@ async def test_each_speaker_sees_topic_framing_and_everything_said_before_it(mak
     await d.run(TOPIC)
 
     assert stage.prompt_of("alice", "opening", 1) == ""
-    assert stage.prompt_of("bob", "opening", 1) == "Round 1:\n[alice]: alice opening 1"
+    assert stage.prompt_of("bob", "opening", 1) == "Round 1:\nalice said:\n> alice opening 1"
     assert stage.prompt_of("carol", "opening", 1) == (
-        "Round 1:\n[alice]: alice opening 1\n[bob]: bob opening 1"
+        "Round 1:\nalice said:\n> alice opening 1\nbob said:\n> bob opening 1"
     )
     assert stage.prompt_of("judge", "judge", 1) == R1
     assert stage.prompt_of("alice", "rebuttal", 2) == R1
-    assert stage.prompt_of("bob", "rebuttal", 2) == f"{R1}\n\nRound 2:\n[alice]: alice rebuttal 2"
+    assert stage.prompt_of("bob", "rebuttal", 2) == f"{R1}\n\nRound 2:\nalice said:\n> alice rebuttal 2"
     assert stage.prompt_of("carol", "rebuttal", 2) == (
-        f"{R1}\n\nRound 2:\n[alice]: alice rebuttal 2\n[bob]: bob rebuttal 2"
+        f"{R1}\n\nRound 2:\nalice said:\n> alice rebuttal 2\nbob said:\n> bob rebuttal 2"
     )
     assert stage.prompt_of("judge", "judge", 2) == f"{R1}\n\n{R2}"
     assert stage.prompt_of("moderator", "synthesis", 2) == f"{R1}\n\n{R2}"
 
 
-async def test_shipped_prompts_carry_topic_framing_role_and_system_prompts(make_stage):
+async def test_shipped_prompts_carry_topic_framing_transcript_then_persona_and_task(make_stage):
     stage = make_stage()
     moderator = Participant("moderator", "You moderate fairly.")
     d = debate(stage, moderator=moderator, judge=Judge(), max_rounds=2)
@@ -95,24 +96,26 @@ async def test_shipped_prompts_carry_topic_framing_role_and_system_prompts(make_
     framing = stage.prompt_of("moderator", "framing", 0)
     assert TOPIC in framing
     assert "alice, bob, carol" in framing
+    assert "Now it is moderator's turn. You moderate fairly.\nFrame this debate" in framing
+    shared = f"Debate topic: {TOPIC}\nFraming: moderator framing 0\nParticipants: alice, bob, carol"
     opening = stage.prompt_of("bob", "opening", 1)
-    assert opening.startswith(f"Debate topic: {TOPIC}\nFraming: moderator framing 0\n")
-    assert "You are bob. Round 1: give your opening position" in opening
-    assert opening.endswith("Transcript so far:\nRound 1:\n[alice]: alice opening 1")
+    assert opening.startswith(
+        f"{shared}\n\nTranscript so far:\nRound 1:\nalice said:\n> alice opening 1\n\n---\n"
+        "Now it is bob's turn. You are bob, a city planner.\n"
+    )
+    assert opening.endswith("Round 1: give your opening position with your strongest arguments, "
+                            "in your own words only.")
     rebuttal = stage.prompt_of("alice", "rebuttal", 2)
-    assert "You are alice. Round 2: respond to the other participants" in rebuttal
-    assert rebuttal.endswith(f"Transcript so far:\n{R1}")
+    assert rebuttal.startswith(f"{shared}\n\nTranscript so far:\n{R1}\n\n---\n")
+    assert "Now it is alice's turn. You are alice, a city planner.\nRound 2: respond" in rebuttal
     judge_prompt = stage.prompt_of("judge", "judge", 2)
-    assert "Participants: alice, bob, carol" in judge_prompt
-    assert f"Full transcript:\n{R1}\n\n{R2}" in judge_prompt
-    assert "After round 2" in judge_prompt
-    assert f"Full transcript:\n{R1}\n\n{R2}" in stage.prompt_of("moderator", "synthesis", 2)
+    assert judge_prompt.startswith(f"{shared}\n\nTranscript so far:\n{R1}\n\n{R2}\n\n---\n")
+    assert f"Now it is judge's turn. {DEFAULT_JUDGE_PROMPT}\nAfter round 2" in judge_prompt
+    synthesis = stage.prompt_of("moderator", "synthesis", 2)
+    assert synthesis.startswith(f"{shared}\n\nTranscript so far:\n{R1}\n\n{R2}\n\n---\n")
 
-    systems = {(r.speaker, r.purpose): r.system for r in stage.requests}
-    for name in NAMES:
-        assert systems[(name, "opening")] == f"You are {name}, a city planner."
-    assert systems[("moderator", "framing")] == "You moderate fairly."
-    assert systems[("judge", "judge")] == DEFAULT_JUDGE_PROMPT
+    # One system prompt for every call: personas differ only at the end of the prompt.
+    assert {r.system for r in stage.requests} == {SHARED_SYSTEM}
     schemas = {r.purpose: r.response_schema for r in stage.requests}
     assert schemas == {
         "framing": None,
@@ -281,9 +284,9 @@ async def test_transcript_window_limits_debaters_but_not_judge_or_synthesis(make
 
     assert stage.prompt_of("alice", "rebuttal", 2) == R1
     assert stage.prompt_of("alice", "rebuttal", 3) == R2
-    assert stage.prompt_of("bob", "rebuttal", 3) == f"{R2}\n\nRound 3:\n[alice]: alice rebuttal 3"
+    assert stage.prompt_of("bob", "rebuttal", 3) == f"{R2}\n\nRound 3:\nalice said:\n> alice rebuttal 3"
     assert stage.prompt_of("carol", "rebuttal", 3) == (
-        f"{R2}\n\nRound 3:\n[alice]: alice rebuttal 3\n[bob]: bob rebuttal 3"
+        f"{R2}\n\nRound 3:\nalice said:\n> alice rebuttal 3\nbob said:\n> bob rebuttal 3"
     )
     assert stage.prompt_of("judge", "judge", 3) == f"{R1}\n\n{R2}\n\n{R3}"
     assert stage.prompt_of("moderator", "synthesis", 3) == f"{R1}\n\n{R2}\n\n{R3}"
@@ -364,3 +367,23 @@ async def test_custom_judge_schema_feeds_until(make_stage):
     assert [r.verdict for r in result.rounds] == [Score(agreement=30), Score(agreement=60)]
     assert result.satisfied is True
     assert [r.response_schema for r in stage.requests if r.purpose == "judge"] == [Score, Score]
+
+
+async def test_consecutive_calls_share_everything_but_the_last_speaker_s_persona_and_task(make_stage):
+    stage = make_stage()
+    await debate(stage, judge=Judge(), max_rounds=2).run(TOPIC)
+
+    bob, carol = stage.prompt_of("bob", "rebuttal", 2), stage.prompt_of("carol", "rebuttal", 2)
+    judge = stage.prompt_of("judge", "judge", 2)
+    before_persona = bob.index("\n\n---\nNow it is bob's turn")
+    assert carol.startswith(bob[:before_persona])
+    assert judge.startswith(carol[: carol.index("\n\n---\nNow it is carol's turn")])
+
+
+async def test_templates_without_a_persona_field_keep_the_persona_as_system_prompt(make_stage):
+    stage = make_stage()
+    await debate(stage, judge=Judge(), max_rounds=1, prompts=BARE).run(TOPIC)
+
+    systems = {(r.speaker, r.purpose): r.system for r in stage.requests}
+    assert systems[("bob", "opening")] == "You are bob, a city planner."
+    assert systems[("judge", "judge")] == DEFAULT_JUDGE_PROMPT

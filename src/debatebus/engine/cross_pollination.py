@@ -11,7 +11,15 @@ from debatebus.engine.outcome import Outcome, SynthesisCall
 from debatebus.engine.phi import compute_phi_hat
 from debatebus.engine.rules import DebateFailure, require_a_survivor, utility_text
 from debatebus.engine.run import Run
-from debatebus.engine.steps import finish_round, frame, model_of, role_call, speak, start_round
+from debatebus.engine.steps import (
+    clean_text,
+    finish_round,
+    frame,
+    model_of,
+    role_call,
+    speak,
+    start_round,
+)
 from debatebus.engine.transcript import Round, Turn
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE
@@ -45,7 +53,8 @@ async def _audience(run: Run) -> str:
         prompt = run.prompt("audience", who.name, AUDIENCE, audience=run.spec.audience)
         response, elapsed = await role_call(run, who, "audience", AUDIENCE, prompt)
         usage = response.usage or ZERO_USAGE
-        turn = Turn(speaker=who.name, round=AUDIENCE, text=response.text, usage=usage)
+        text = clean_text(run, who, "audience", response.text)
+        turn = Turn(speaker=who.name, round=AUDIENCE, text=text, usage=usage)
         await run.emit(
             ev.TurnCompleted,
             speaker=who.name,

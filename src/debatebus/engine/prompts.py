@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from string import Formatter
 from typing import Any
 
 from debatebus.exceptions import ConfigError
@@ -17,16 +19,18 @@ __all__ = [
     "CROSS_POLLINATION_PROMPTS",
     "DEFAULT_PROMPTS",
     "PROTOCOL_VERSION",
+    "SHARED_SYSTEM",
     "PromptContext",
     "Prompts",
     "fill_template",
+    "names_persona",
     "render_prompt",
     "template_fields",
     "word_limit_text",
 ]
 
 # Bump when a shipped prompt or the protocol's shape changes: checkpoints record it (drift guard).
-PROTOCOL_VERSION = "1"
+PROTOCOL_VERSION = "2"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class PromptContext:
     utility: str = ""
     audience: str = ""
     positions: str = ""
+    persona: str = ""
     state: Any = None  # the DebateState, for callable prompts
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -73,45 +78,60 @@ def word_limit_text(limits: Mapping[str, int], phase: str) -> str:
 
 Template = str | Callable[[PromptContext], str]
 
+# Every shipped prompt shares one system prompt and opens with what the whole debate shares (topic,
+# framing, participants, transcript); the speaker's persona and task come last. Consecutive calls
+# then share their longest prefix, which llama.cpp reuses instead of evaluating it again, and which
+# OpenAI and Anthropic prompt caching reward. A speaker's own system prompt is its ``{persona}``.
+SHARED_SYSTEM = (
+    "You take part in a written debate. When it is your turn, write only your own contribution, "
+    "in plain prose. Never write lines for other participants, never label speakers and never "
+    "rewrite the debate."
+)
+_CONTEXT = (
+    "Debate topic: {topic}\n{framing}Participants: {participants}\n\nTranscript so far:\n"
+    "{transcript}\n\n---\nNow it is {speaker}'s turn. {persona}\n"
+)
 _OPENING = (
-    "Debate topic: {topic}\n{framing}\nYou are {speaker}. Round {round}: give your opening "
-    "position with your strongest arguments.{word_limit}\n\nTranscript so far:\n{transcript}"
+    _CONTEXT + "Round {round}: give your opening position with your strongest arguments, in your "
+    "own words only.{word_limit}"
 )
 _REBUTTAL = (
-    "Debate topic: {topic}\n{framing}\nYou are {speaker}. Round {round}: respond to the other "
-    "participants, rebut what you disagree with and refine your position.{word_limit}"
-    "\n\nTranscript so far:\n{transcript}"
+    _CONTEXT + "Round {round}: respond to the other participants, rebut what you disagree with "
+    "and refine your position, in your own words only.{word_limit}"
 )
 _JUDGE = (
-    "Debate topic: {topic}\nParticipants: {participants}\nFull transcript:\n{transcript}\n\n"
-    "After round {round}, decide whether the participants have reached consensus. Answer with "
-    "JSON only, matching the requested schema."
+    _CONTEXT + "After round {round}, decide whether the participants have reached consensus and "
+    "summarize the state of the debate in one or two sentences. Answer with JSON only, matching "
+    "the requested schema."
 )
 _SYNTHESIS = (
-    "Debate topic: {topic}\nParticipants: {participants}\nFull transcript:\n{transcript}\n\n"
-    "Write a balanced synthesis: the points of agreement, the remaining tensions and a "
-    "recommendation.{word_limit}"
+    _CONTEXT + "Write a balanced synthesis: the points of agreement, the remaining tensions and a "
+    "recommendation, each in a sentence of its own.{word_limit}"
 )
 _FRAMING = (
-    "Debate topic: {topic}\nParticipants: {participants}\nFrame this debate in a few sentences: "
-    "the key question, what is at stake and what a good answer must address."
+    "Debate topic: {topic}\nParticipants: {participants}\n\n---\nNow it is {speaker}'s turn. "
+    "{persona}\nFrame this debate in a few sentences: the key question, what is at stake and what "
+    "a good answer must address."
 )
 _AUDIENCE = (
-    "Debate topic: {topic}\nAudience: {audience}\nDescribe what this audience knows, needs and "
-    "cares about, so the participants can address it.{word_limit}"
+    "Debate topic: {topic}\nAudience: {audience}\n\n---\nNow it is {speaker}'s turn. {persona}\n"
+    "Describe what this audience knows, needs and cares about, so the participants can address "
+    "it.{word_limit}"
 )
 _POSITION = (
-    "Topic: {topic}\n{framing}{audience}\nYou are {speaker}.{utility} State your independent "
-    "position.{word_limit}"
+    "Topic: {topic}\n{framing}{audience}\n---\nNow it is {speaker}'s turn. {persona}{utility}\n"
+    "State your independent position.{word_limit}"
 )
 _REVISION = (
-    "Topic: {topic}\n{framing}{audience}\nYou are {speaker}.{utility} The other participants' "
-    "positions:\n{positions}\n\nRevise your position after considering theirs.{word_limit}"
+    "Topic: {topic}\n{framing}{audience}\n---\nNow it is {speaker}'s turn. {persona}{utility}\n"
+    "The other participants' positions:\n{positions}\n\nRevise your position after considering "
+    "theirs.{word_limit}"
 )
 _CROSS_SYNTHESIS = (
     "Topic: {topic}\n{audience}Revised positions, with what each participant maximizes and "
-    "penalizes:\n{positions}\n\nDo not average the positions. Show the tensions between these "
-    "utilities and the equilibrium that best respects them.{word_limit}"
+    "penalizes:\n{positions}\n\n---\nNow it is {speaker}'s turn. {persona}\nDo not average the "
+    "positions. Show the tensions between these utilities and the equilibrium that best respects "
+    "them.{word_limit}"
 )
 
 
@@ -173,6 +193,17 @@ def fill_template(template: str, values: Mapping[str, Any]) -> str:
             f"prompt template {template[:60]!r}… uses {exc}, which is not a known field; use "
             f"{sorted(values)} (double braces for literal ones)"
         ) from exc
+
+
+def names_persona(template: Template) -> bool:
+    """Whether a template places the speaker's persona itself (``{persona}``); if it does not (or
+    is a callable), the persona stays the request's system prompt, as before protocol 2."""
+    return not callable(template) and _names_persona(template)
+
+
+@lru_cache(maxsize=64)
+def _names_persona(template: str) -> bool:
+    return any(name == "persona" for _, name, _, _ in Formatter().parse(template))
 
 
 def validate_template(name: str, template: Template) -> None:

@@ -9,8 +9,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from debatebus.engine.definition import DebateSpec
-from debatebus.engine.prompts import PromptContext, fill_template, template_fields
+from debatebus.engine.definition import DebateSpec, Judge, Participant
+from debatebus.engine.prompts import (
+    SHARED_SYSTEM,
+    PromptContext,
+    fill_template,
+    names_persona,
+    template_fields,
+)
 from debatebus.engine.result import DebateState, Progress
 from debatebus.engine.rules import check_budget, latest_verdict, stop_reached
 from debatebus.engine.transcript import Round, Turn, render_round
@@ -64,6 +70,10 @@ class Run:
             participants=spec.participant_names,
             framing=_framing_field(self.progress.framing),
         )
+        roles = [*spec.participants, spec.moderator, spec.synthesis_speaker, spec.judge]
+        if spec.audience:
+            roles.append(spec.audience_speaker)
+        self.personas = {r.name: r.system_prompt for r in roles if r is not None}
         self.seq = 0
         self.started = time.perf_counter()
 
@@ -114,9 +124,17 @@ class Run:
             "round": number,
             "transcript": transcript,
             "word_limit": word_limit,
+            "persona": self.personas.get(who, ""),
             **extra,
         }
         return fill_template(template, values)
+
+    def system_for(self, phase: str, who: Participant | Judge) -> str:
+        """The system prompt of ``who``'s ``phase`` call: the debate's shared one when the template
+        places the persona itself (the shipped ones do), else ``who``'s own."""
+        if names_persona(self.spec.templates.get(phase)):
+            return SHARED_SYSTEM
+        return who.system_prompt
 
     def context(
         self, who: str, number: int, phase: str, transcript: str = "", **extra: Any
@@ -130,6 +148,7 @@ class Run:
             transcript=transcript,
             participants=self.spec.participant_names,
             word_limit=self.spec.word_limit_texts.get(phase, ""),
+            persona=self.personas.get(who, ""),
             state=self.state(number),
             **extra,
         )

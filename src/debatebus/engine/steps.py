@@ -13,13 +13,21 @@ from debatebus.engine.phi import interpret_phi_hat
 from debatebus.engine.result import DebateResult
 from debatebus.engine.rules import DebateFailure, latest_verdict, output_of, parse_verdict
 from debatebus.engine.run import Run
-from debatebus.engine.transcript import Round, Turn, render_round
+from debatebus.engine.transcript import (
+    Round,
+    Turn,
+    clean_turn,
+    fit_words,
+    render_round,
+    speaker_tags,
+)
 from debatebus.exceptions import BudgetExceededError, LLMError
 from debatebus.llm.base import LLMRequest, LLMResponse, Message, model_name
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
+    "clean_text",
     "debate_result",
     "emit_phi",
     "finish",
@@ -40,15 +48,44 @@ def _describe(exc: BaseException) -> str:
 
 
 def request_for(
+    run: Run,
     who: Participant | Judge,
     purpose: str,
     number: int,
     prompt: str,
     schema: type[BaseModel] | None = None,
 ) -> LLMRequest:
+    """The request for ``who``'s ``purpose`` call: free text stops at another speaker's tag and,
+    under a word limit, at a token budget that fits it."""
+    limit = run.spec.limits.get(purpose)
+    stop = () if schema is not None else _stops(run, who.name)
     return LLMRequest(
-        who.system_prompt, (Message("user", prompt),), schema, None, who.name, purpose, number
+        run.system_for(purpose, who),
+        (Message("user", prompt),),
+        schema,
+        _token_budget(limit) if limit else None,
+        who.name,
+        purpose,
+        number,
+        stop,
     )
+
+
+def _stops(run: Run, speaker: str) -> tuple[str, ...]:
+    others = (name for name in run.personas if name != speaker)
+    return (*(tag for name in others for tag in speaker_tags(name)), "\nRound ", "\n---")
+
+
+def _token_budget(words: int) -> int:
+    """Tokens for ``words`` words with room to finish a sentence (English: ~1.3 tokens a word);
+    ``clean_text`` then trims the text to the limit."""
+    return words * 8 // 5 + 8
+
+
+def clean_text(run: Run, who: Participant | Judge, purpose: str, text: str) -> str:
+    """A free-text answer as the transcript keeps it: cut where another turn starts, within the
+    phase's word limit."""
+    return fit_words(clean_turn(text, who.name, run.personas), run.spec.limits.get(purpose))
 
 
 def model_of(spec: DebateSpec, response: LLMResponse, who: Participant | Judge) -> str:
@@ -60,7 +97,7 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
     llm = run.spec.llm_for(who)
     started = time.perf_counter()
     try:
-        response, elapsed = await run.call(llm, request_for(who, purpose, number, prompt))
+        response, elapsed = await run.call(llm, request_for(run, who, purpose, number, prompt))
     except BudgetExceededError as exc:
         raise DebateFailure(str(exc)) from exc
     except Exception as exc:
@@ -82,17 +119,18 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
             ) from exc
         return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
     usage = response.usage or ZERO_USAGE
+    text = clean_text(run, who, purpose, response.text)
     if run.on_event is not None:
         await run.emit(
             ev.TurnCompleted,
             speaker=who.name,
             round=number,
-            text=response.text,
+            text=text,
             usage=usage,
             model=response.model or model_name(llm),
             duration_ms=elapsed,
         )
-    return Turn(speaker=who.name, round=number, text=response.text, usage=usage)
+    return Turn(speaker=who.name, round=number, text=text, usage=usage)
 
 
 async def role_call(
@@ -106,7 +144,7 @@ async def role_call(
     """A moderator, judge or synthesizer call: any failure fails the debate."""
     try:
         return await run.call(
-            run.spec.llm_for(who), request_for(who, purpose, number, prompt, schema)
+            run.spec.llm_for(who), request_for(run, who, purpose, number, prompt, schema)
         )
     except Exception as exc:
         raise DebateFailure(
@@ -122,7 +160,8 @@ async def frame(run: Run) -> None:
     prompt = run.prompt("framing", moderator.name, 0)
     response, elapsed = await role_call(run, moderator, "framing", 0, prompt)
     usage = response.usage or ZERO_USAGE
-    turn = Turn(speaker=moderator.name, round=0, text=response.text, usage=usage)
+    text = clean_text(run, moderator, "framing", response.text)
+    turn = Turn(speaker=moderator.name, round=0, text=text, usage=usage)
     await run.commit_framing(turn)
     await run.emit(
         ev.FramingCompleted,
@@ -162,15 +201,16 @@ async def synthesize(run: Run, call: SynthesisCall) -> Turn:
     who = call.writer
     response, elapsed = await role_call(run, who, "synthesis", call.round, call.prompt)
     usage = response.usage or ZERO_USAGE
+    text = clean_text(run, who, "synthesis", response.text)
     await run.emit(
         ev.SynthesisCompleted,
         speaker=who.name,
-        text=response.text,
+        text=text,
         usage=usage,
         model=model_of(run.spec, response, who),
         duration_ms=elapsed,
     )
-    return Turn(speaker=who.name, round=call.round, text=response.text, usage=usage)
+    return Turn(speaker=who.name, round=call.round, text=text, usage=usage)
 
 
 async def start_round(run: Run, number: int, phase: str) -> TokenUsage:

