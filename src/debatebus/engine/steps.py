@@ -3,6 +3,7 @@ judge, synthesis), round bookkeeping, and the final result with its event."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 from pydantic import BaseModel
@@ -72,7 +73,13 @@ def request_for(
 
 
 def _stops(run: Run, speaker: str) -> tuple[str, ...]:
-    others = (name for name in run.personas if name != speaker)
+    return _stops_among(tuple(run.personas), speaker)
+
+
+@functools.lru_cache(maxsize=256)
+def _stops_among(names: tuple[str, ...], speaker: str) -> tuple[str, ...]:
+    """Fixed for a whole debate: built once per speaker, not per call."""
+    others = (name for name in names if name != speaker)
     return (*(tag for name in others for tag in speaker_tags(name)), "\nRound ", "\n---")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -71,9 +72,13 @@ def speaker_tags(name: str) -> tuple[str, ...]:
 # round header: where an impersonated or invented turn starts.
 _ANY_TAG = r"\[[^\]\n]{1,40}\]"
 _ROUND = r"\**round \d+\**\s*:?\**"
+#: What every pattern below needs to match: ``[`` (a tag), ``:`` (a name), or a round header.
+_MAYBE_TAG = re.compile(r"[\[:]|round", re.IGNORECASE)
 
 
-def _turn_start(names: Iterable[str]) -> re.Pattern[str]:
+# The patterns depend only on the names, fixed for a whole debate: built once, not per turn.
+@functools.lru_cache(maxsize=256)
+def _turn_start(names: tuple[str, ...]) -> re.Pattern[str]:
     known = "|".join(re.escape(n) for n in names)
     named = rf"(?:{known})(?: said)?\s*:" if known else r"(?!)"
     return re.compile(rf"^[ \t>*-]*(?:{_ANY_TAG}|{named}|{_ROUND})", re.IGNORECASE | re.MULTILINE)
@@ -84,7 +89,9 @@ def clean_turn(text: str, speaker: str, names: Iterable[str]) -> str:
     and cut where another turn starts (any ``[tag]``, another participant's name, a round
     header), with a dangling lead-in line such as "Here's a rewritten version of the debate:"
     dropped. Text with nothing to cut is kept as is."""
-    others = [n for n in names if n != speaker]
+    if _MAYBE_TAG.search(text) is None:  # every heading or turn start holds one of these
+        return text
+    others = tuple(n for n in names if n != speaker)
     text = _strip_heading(text, speaker, others)
     cut = _turn_start(others).search(text)
     if cut is None:
@@ -95,12 +102,17 @@ def clean_turn(text: str, speaker: str, names: Iterable[str]) -> str:
     return "\n".join(kept).strip()
 
 
-def _strip_heading(text: str, speaker: str, others: list[str]) -> str:
-    """``text`` without the headings it opens with, unless one names another participant."""
-    heading = re.compile(
+@functools.lru_cache(maxsize=256)
+def _heading(speaker: str) -> re.Pattern[str]:
+    return re.compile(
         rf"^[\s>*-]*(?:\[([^\]\n]{{1,40}})\]\s*:?|{re.escape(speaker)}(?: said)?\s*:|{_ROUND})\s*",
         re.IGNORECASE,
     )
+
+
+def _strip_heading(text: str, speaker: str, others: tuple[str, ...]) -> str:
+    """``text`` without the headings it opens with, unless one names another participant."""
+    heading = _heading(speaker)
     lowered = {n.lower() for n in others}
     while (found := heading.match(text)) and found.end() > 0:
         if (found.group(1) or "").strip().lower() in lowered:
