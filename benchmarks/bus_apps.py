@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from debatebus import Debate, Judge, LLMRequest, LLMResponse, Participant, TokenUsage, Verdict
-from debatebus.schemas.results import result_fields
+from debatebus.handlers.results import result_fields
 
 REQUESTS = os.environ.get("BENCH_REQUESTS", "bench:request")
 RESULTS = f"event:{REQUESTS}:completed"

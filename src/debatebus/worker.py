@@ -46,6 +46,7 @@ from debatebus.exceptions import (
 )
 from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult, adapt
 from debatebus.handlers.handler import attach_default_stores
+from debatebus.handlers.results import failure_fields
 from debatebus.observability.heartbeat import beat_forever, send_last_beat
 from debatebus.observe import Observer, Outcome, RequestContext, fan_out
 from debatebus.schemas.envelope import (
@@ -58,7 +59,6 @@ from debatebus.schemas.envelope import (
     now_iso,
 )
 from debatebus.schemas.events import DebateEvent
-from debatebus.schemas.results import failure_fields
 from debatebus.transports import (
     Delivery,
     MemoryTransport,

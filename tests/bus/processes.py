@@ -70,12 +70,12 @@ def read_calls(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def calls_by_topic(path: Path) -> Counter[str]:
-    return Counter(c["topic"] for c in read_calls(path))
+def calls_by_question(path: Path) -> Counter[str]:
+    return Counter(c["question"] for c in read_calls(path))
 
 
 def committed_round_reruns(path: Path, interruptions: int = 1) -> dict[str, dict[str, Any]]:
-    """Debates whose calls show a committed round run again, by topic.
+    """Debates whose calls show a committed round run again, by question.
 
     Each (purpose, round, speaker) call of a debate is made once. A debate interrupted mid-round
     (by a broker outage or a killed worker) may repeat the calls of the round it was in, since
@@ -85,13 +85,13 @@ def committed_round_reruns(path: Path, interruptions: int = 1) -> dict[str, dict
     per_debate: dict[str, Counter[tuple[str, int, str]]] = {}
     for call in read_calls(path):
         key = (call["purpose"], call["round"], call["speaker"])
-        per_debate.setdefault(call["topic"], Counter())[key] += 1
+        per_debate.setdefault(call["question"], Counter())[key] += 1
     bad: dict[str, dict[str, Any]] = {}
-    for topic, counts in per_debate.items():
+    for question, counts in per_debate.items():
         repeated = {k: n for k, n in counts.items() if n > 1}
         rounds = {r for (_, r, _) in repeated}
         if len(rounds) > interruptions or any(n > 1 + interruptions for n in repeated.values()):
-            bad[topic] = {"repeated calls": repeated, "calls": sum(counts.values())}
+            bad[question] = {"repeated calls": repeated, "calls": sum(counts.values())}
     return bad
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from tests.bus.conftest import transport_options
-from tests.bus.processes import WorkerProcess, calls_by_topic, read_calls, wait_until
+from tests.bus.processes import WorkerProcess, calls_by_question, read_calls, wait_until
 
 from debatebus.client import BusClient
 from debatebus.schemas.envelope import Envelope
@@ -112,7 +112,7 @@ async def test_killed_worker_request_is_taken_over(
         first = WorkerProcess(env, tmp_path / "first.log")
         workers.append(first)
         rid = await client.publish(event_type, {"input": "victim"}, request_id="victim")
-        await asyncio.to_thread(wait_until, lambda: calls_by_topic(calls)["Debate topic: victim"] >= 2,
+        await asyncio.to_thread(wait_until, lambda: calls_by_question(calls)["Debate topic: victim"] >= 2,
                                 60, "the first worker to start the debate")
         first.kill()
         workers.append(WorkerProcess(env, tmp_path / "second.log"))
@@ -131,7 +131,7 @@ async def test_sigterm_drains_in_flight_debate_before_exiting(
         worker = WorkerProcess(env, tmp_path / "w.log")
         workers.append(worker)
         rid = await client.publish(event_type, {"input": "drain me"}, request_id="drain")
-        await asyncio.to_thread(wait_until, lambda: calls_by_topic(calls)["Debate topic: drain me"] >= 1,
+        await asyncio.to_thread(wait_until, lambda: calls_by_question(calls)["Debate topic: drain me"] >= 1,
                                 60, "the debate to start")
         code = await asyncio.to_thread(worker.terminate, 60)
         assert code == 0, (tmp_path / "w.log").read_text()

@@ -1,6 +1,6 @@
 """A worker app for subprocess tests, configured by environment variables.
 
-Every LLM call is appended to ``DBB_CALLS_LOG`` (one JSON line: debate topic, purpose, round,
+Every LLM call is appended to ``DBB_CALLS_LOG`` (one JSON line: debate question, purpose, round,
 speaker, pid) so tests can count the calls each debate cost across worker processes.
 
 Knobs: ``DBB_BROKER``, ``DBB_EVENT_TYPE`` (required); ``DBB_GROUP``, ``DBB_CONCURRENCY``,
@@ -28,7 +28,7 @@ DEBATE_IDS: dict[str, str] = {}
 def _log_call(request: LLMRequest) -> None:
     path = os.environ.get("DBB_CALLS_LOG")
     if path:
-        line = json.dumps({"topic": request.prompt.split("\n", 1)[0], "purpose": request.purpose,
+        line = json.dumps({"question": request.prompt.split("\n", 1)[0], "purpose": request.purpose,
                            "round": request.round, "speaker": request.speaker, "pid": os.getpid()})
         with open(path, "a") as f:  # one short write per line: O_APPEND keeps lines whole
             f.write(line + "\n")

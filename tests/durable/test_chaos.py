@@ -88,7 +88,7 @@ async def test_chaos_kills_lose_nothing_and_repeat_nothing(chaos_url: str, redis
     calls = read_calls(tmp_path / "calls.log")
     per_debate: dict[str, list[dict[str, object]]] = defaultdict(list)
     for call in calls[:calls_before_replay]:
-        per_debate[str(call["topic"])].append(call)
+        per_debate[str(call["question"])].append(call)
     taken_over = 0
     for i in range(DEBATES):
         made = per_debate[f"Debate topic: chaos {i}"]

@@ -195,7 +195,7 @@ async def test_results_and_headers_from_before_fingerprints() -> None:
     # An older header has no fingerprint: its topic decides.
     header = CheckpointHeader(debate_id="h", debate_name="once",
                               definition_hash=handler.debate.definition_hash,
-                              protocol_version="1", topic="the old topic", created_at="then")
+                              protocol_version="1", question="the old topic", created_at="then")
     await store.begin("h", encode_header(header))
     with pytest.raises(InputError):
         await handler({"input": "another topic"}, request_id="h")

@@ -147,7 +147,7 @@ def test_prompt_template_with_an_unknown_field_fails_at_construction():
     message = str(caught.value)
     assert "'side'" in message
     assert "not a known field" in message
-    assert "'topic'" in message  # lists the fields that can be used
+    assert "'question'" in message  # lists the fields that can be used
     assert "double braces for literal ones" in message
 
 
@@ -157,9 +157,9 @@ def test_prompt_that_is_neither_a_template_nor_callable_fails_at_construction():
         Debate("d", two(), llm=llm(), prompts=Prompts(opening=42))  # type: ignore[arg-type]
 
 
-async def test_run_rejects_a_non_string_topic_and_a_bad_round_cap():
+async def test_run_rejects_a_non_string_question_and_a_bad_round_cap():
     d = Debate("d", two(), llm=llm())
-    with pytest.raises(ConfigError, match="topic must be a string, got int"):
+    with pytest.raises(ConfigError, match="the question must be a string, got int"):
         await d.run(42)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="max_rounds must be ≥ 1, got 0"):
         await d.run("topic", max_rounds=0)

@@ -56,7 +56,7 @@ async def test_round_robin_event_order(make_stage, events):
 
     started = events.events[0]
     assert isinstance(started, ev.DebateStarted)
-    assert (started.topic, started.debate_name, started.protocol) == (TOPIC, "style", "round-robin")
+    assert (started.question, started.debate_name, started.protocol) == (TOPIC, "style", "round-robin")
     assert (started.participants, started.max_rounds, started.resumed_from_round) == (
         list(NAMES),
         2,

@@ -6,7 +6,7 @@ from debatebus import Debate, Judge, Participant
 from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Prompts, Utility
 
 NAMES = ("alice", "bob")
-NASTY_TOPIC = "Summarize {input} and {{ x }} then {0} {topic} {} {{{speaker}}} }{ %s $x"
+NASTY_TOPIC = "Summarize {input} and {{ x }} then {0} {question} {} {{{speaker}}} }{ %s $x"
 
 
 def people() -> list[Participant]:
@@ -26,7 +26,7 @@ async def test_a_topic_with_template_syntax_reaches_every_prompt_unchanged(make_
     result = await d.run(NASTY_TOPIC)
 
     assert result.status == "completed"
-    assert result.topic == NASTY_TOPIC
+    assert result.question == NASTY_TOPIC
     assert {r.purpose for r in stage.requests} == {
         "framing",
         "opening",
@@ -58,16 +58,16 @@ async def test_a_topic_with_template_syntax_in_cross_pollination(make_stage):
 
 
 async def test_answers_with_braces_pass_through_to_later_prompts(make_stage):
-    stage = make_stage(replies={("alice", "opening", 1): "use {topic} and {{ y }}"})
+    stage = make_stage(replies={("alice", "opening", 1): "use {question} and {{ y }}"})
     d = Debate("braces", people(), llm=stage.llm, moderator=Participant("moderator", "M"))
     await d.run("plain topic", max_rounds=1)
-    assert "alice said:\n> use {topic} and {{ y }}" in stage.prompt_of("bob", "opening", 1)
-    assert "alice said:\n> use {topic} and {{ y }}" in stage.prompt_of("moderator", "synthesis", 1)
+    assert "alice said:\n> use {question} and {{ y }}" in stage.prompt_of("bob", "opening", 1)
+    assert "alice said:\n> use {question} and {{ y }}" in stage.prompt_of("moderator", "synthesis", 1)
 
 
 async def test_a_topic_with_braces_in_a_custom_template(make_stage):
     stage = make_stage()
-    prompts = Prompts(opening="{{literal}} {speaker} on <{topic}>")
+    prompts = Prompts(opening="{{literal}} {speaker} on <{question}>")
     await Debate("t", people(), llm=stage.llm, prompts=prompts).run("{input}", max_rounds=1)
     assert stage.prompt_of("alice", "opening", 1) == "{literal} alice on <{input}>"
 
@@ -75,7 +75,7 @@ async def test_a_topic_with_braces_in_a_custom_template(make_stage):
 async def test_string_template_overrides_with_every_documented_field(make_stage):
     stage = make_stage()
     template = (
-        "{debate_name}|{speaker}|{round}|{participants}|{topic}|{framing}|{word_limit}|{transcript}"
+        "{debate_name}|{speaker}|{round}|{participants}|{question}|{framing}|{word_limit}|{transcript}"
     )
     d = Debate(
         "fields",
@@ -125,7 +125,7 @@ async def test_callable_prompts_receive_the_context_and_debate_state(make_stage)
     assert stage.prompt_of("judge", "judge", 3) == "judge round 3"
     states = [c.state for c in contexts]
     assert all(isinstance(s, DebateState) for s in states)
-    assert all(s.debate_id == "dc" and s.topic == "T" for s in states)
+    assert all(s.debate_id == "dc" and s.question == "T" for s in states)
     assert all(s.framing == "moderator framing 0" for s in states)
     bob_round_3 = next(c for c in contexts if c.speaker == "bob" and c.round == 3)
     assert bob_round_3.state.verdict.summary == "after round 2"
@@ -190,7 +190,7 @@ def test_protocol_version_is_a_constant_string():
 async def test_every_prompt_can_be_overridden(make_stage):
     stage = make_stage()
     names = ("opening", "rebuttal", "judge", "synthesis", "framing")
-    prompts = Prompts(**{name: name + " {topic}" for name in names})
+    prompts = Prompts(**{name: name + " {question}" for name in names})
     d = Debate(
         "all",
         people(),
@@ -205,7 +205,7 @@ async def test_every_prompt_can_be_overridden(make_stage):
 
     stage = make_stage()
     names = ("audience", "position", "revision", "synthesis")
-    prompts = Prompts(**{name: name + " {topic}" for name in names})
+    prompts = Prompts(**{name: name + " {question}" for name in names})
     d = Debate(
         "all-x",
         people(),

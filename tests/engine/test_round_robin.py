@@ -87,7 +87,7 @@ async def test_each_speaker_sees_topic_framing_and_everything_said_before_it(mak
     assert stage.prompt_of("moderator", "synthesis", 2) == f"{R1}\n\n{R2}"
 
 
-async def test_shipped_prompts_carry_topic_framing_transcript_then_persona_and_task(make_stage):
+async def test_shipped_prompts_carry_question_framing_transcript_then_persona_and_task(make_stage):
     stage = make_stage()
     moderator = Participant("moderator", "You moderate fairly.")
     d = debate(stage, moderator=moderator, judge=Judge(), max_rounds=2)
@@ -191,7 +191,7 @@ async def test_until_replaces_the_consensus_rule(make_stage):
     assert [s.round for s in seen] == [1, 2, 3]
     assert [len(s.rounds) for s in seen] == [1, 2, 3]
     assert all(s.verdict.consensus is True for s in seen)
-    assert all(s.topic == TOPIC for s in seen)
+    assert all(s.question == TOPIC for s in seen)
     assert [s.calls for s in seen] == [4, 8, 12]  # three turns and a verdict per round
     totals = [s.token_usage.total_tokens for s in seen]
     assert totals == sorted(totals)
@@ -320,7 +320,7 @@ async def test_result_identity_and_transcript_view(make_stage):
     result = await debate(stage, max_rounds=2).run(TOPIC, debate_id="deb-1")
 
     assert result.debate_id == "deb-1"
-    assert result.topic == TOPIC
+    assert result.question == TOPIC
     assert result.debate_name == "cars"
     assert result.duration_ms > 0
     transcript = result.transcript

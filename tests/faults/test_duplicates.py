@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.bus.processes import WorkerProcess, calls_by_topic
+from tests.bus.processes import WorkerProcess, calls_by_question
 from tests.bus.test_processes import collecting, env_for
 from tests.faults.conftest import (
     CALLS_PER_DEBATE,
@@ -26,7 +26,7 @@ def _replayed(results: list[dict[str, Any]]) -> Counter[bool]:
 
 
 def _check_one_debate(calls: Path, topic: str, payloads: list[dict[str, Any]]) -> None:
-    spent = calls_by_topic(calls)[f"Debate topic: {topic}"]
+    spent = calls_by_question(calls)[f"Debate topic: {topic}"]
     statuses = Counter(p.get("debateStatus") for p in payloads)
     assert spent == CALLS_PER_DEBATE, (
         f"5 concurrent copies cost {spent} LLM calls, not the {CALLS_PER_DEBATE} of one debate "

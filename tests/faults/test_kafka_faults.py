@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.bus.processes import WorkerProcess, calls_by_topic, wait_until
+from tests.bus.processes import WorkerProcess, calls_by_question, wait_until
 from tests.bus.test_processes import Collector, collecting, env_for
 from tests.support.servers import RedisServer, TansuServer
 
@@ -98,7 +98,7 @@ async def test_tansu_kill9_and_restart_keeps_the_worker_and_answers_new_requests
         await collector.wait_for(before, 60)
         inflight = [await client.publish(event_type, {"input": f"inflight {i}"},
                                          request_id=f"inflight-{i}") for i in range(10)]
-        await asyncio.to_thread(wait_until, lambda: any("inflight" in t for t in calls_by_topic(calls)),
+        await asyncio.to_thread(wait_until, lambda: any("inflight" in t for t in calls_by_question(calls)),
                                 30, "the in-flight debates to start")
     fault_tansu.kill9()
     for _ in range(20):
@@ -119,13 +119,13 @@ async def test_tansu_kill9_and_restart_keeps_the_worker_and_answers_new_requests
                  for i in range(20)]
         topics = {f"Debate topic: after {i}" for i in range(20)}
         await asyncio.to_thread(
-            wait_until, lambda: topics <= set(calls_by_topic(calls)) and all(
-                calls_by_topic(calls)[t] >= NEEDED for t in topics), 60,
+            wait_until, lambda: topics <= set(calls_by_question(calls)) and all(
+                calls_by_question(calls)[t] >= NEEDED for t in topics), 60,
             "every request published after the restart to run its debate")
         with contextlib.suppress(TimeoutError):
             await collector.wait_for(after, 20)
         await asyncio.sleep(2.0)
-    made = calls_by_topic(calls)
+    made = calls_by_question(calls)
     assert all(made[t] == NEEDED for t in topics), {t: made[t] for t in topics if made[t] != NEEDED}
     counts = collector.counts()
     assert all(counts[i] <= 1 for i in after), {i: counts[i] for i in after if counts[i] > 1}
@@ -177,7 +177,7 @@ async def test_sigterm_with_8_in_flight_answers_each_once(
     async with collecting(url, event_type) as (client, collector):
         ids = [await client.publish(event_type, {"input": f"drain {i}"}, request_id=f"drain-{i}")
                for i in range(8)]
-        await asyncio.to_thread(wait_until, lambda: len(calls_by_topic(calls)) >= 8, 60,
+        await asyncio.to_thread(wait_until, lambda: len(calls_by_question(calls)) >= 8, 60,
                                 "all 8 debates to be in flight")
         code = await asyncio.to_thread(first.terminate, 60)
         assert code == 0, f"SIGTERM exit code {code}; log ends:\n{first.log_tail()}"

@@ -44,7 +44,7 @@ def script(tmp_path: Path, entries: list[Any]) -> str:
 
 def test_arguments_and_defaults() -> None:
     args = parse("Should we?")
-    assert (args.topic, args.llm, args.protocol, args.rounds, args.judge, args.json) == (
+    assert (args.question, args.llm, args.protocol, args.rounds, args.judge, args.json) == (
         "Should we?",
         None,
         "round-robin",

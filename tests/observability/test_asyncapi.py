@@ -30,10 +30,10 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 from tests.bus.conftest import make_debate, running
 
+from debatebus.asyncapi import build_asyncapi
 from debatebus.cli import main
 from debatebus.exceptions import ConfigError, InputError
-from debatebus.handlers.inputs import read_debate_id, read_max_rounds, read_replay, read_topic
-from debatebus.schemas.asyncapi import build_asyncapi
+from debatebus.handlers.inputs import read_debate_id, read_max_rounds, read_question, read_replay
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.transports import Outgoing, dlq_topic
 from debatebus.transports.kafka import kafka_topic
@@ -174,7 +174,7 @@ def test_message_examples_match_their_payload_schemas() -> None:
 def test_the_schemas_import_without_aiokafka() -> None:
     """The document names Kafka topics with the transport's own function, yet a Redis-only
     install (no kafka extra) must still build it."""
-    code = ("import sys; import debatebus.schemas.asyncapi as a; a.build_asyncapi(); "
+    code = ("import sys; import debatebus.asyncapi as a; a.build_asyncapi(); "
             "sys.exit('aiokafka' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
@@ -271,7 +271,7 @@ BAD_PAYLOADS = [
 
 def handler_accepts(payload: dict[str, Any]) -> bool:
     try:
-        read_topic(payload)
+        read_question(payload)
         read_max_rounds(payload, cap=10)
         read_debate_id(payload)
         read_replay(payload)

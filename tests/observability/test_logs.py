@@ -99,7 +99,7 @@ def test_transcripts_only_when_asked(json_logs: io.StringIO) -> None:
         ctx = RequestContext("debate:request", "1-0", 1, request_id=f"r-{log_transcripts}")
         observer.request_started(ctx)
         observer.debate_event(ctx, ev.DebateStarted(
-            debate_id="d", seq=1, topic="Tabs or spaces?", debate_name="t", protocol="round_robin",
+            debate_id="d", seq=1, question="Tabs or spaces?", debate_name="t", protocol="round_robin",
             participants=["a", "b"], max_rounds=2))
         observer.debate_event(ctx, ev.TurnCompleted(
             debate_id="d", seq=2, speaker="a", round=1, text=TURN_TEXT))

@@ -55,7 +55,7 @@ def debate_events(debate_id: str = "d-1") -> list[ev.DebateEvent]:
     usage = TokenUsage.of(10, 5)
     ids = {"debate_id": debate_id, "request_id": f"req-{debate_id}"}
     return [
-        ev.DebateStarted(**ids, seq=1, topic="Tabs or spaces?", debate_name="style",
+        ev.DebateStarted(**ids, seq=1, question="Tabs or spaces?", debate_name="style",
                          protocol="round-robin", participants=["tabs", "spaces"], max_rounds=2),
         ev.RoundStarted(**ids, seq=2, round=1, phase="opening"),
         ev.TurnCompleted(**ids, seq=3, speaker="tabs", round=1, text="Tabs.", usage=usage),
@@ -93,7 +93,7 @@ def test_store_summarises_a_debate_from_its_events() -> None:
     assert done["rounds"] == 1
     assert done["tokens"] == {"promptTokens": 31, "completionTokens": 16, "totalTokens": 47}
     assert (done["phiHat"], done["phiLevel"]) == (0.75, "high")
-    assert (done["topic"], done["participants"]) == ("Tabs or spaces?", ["tabs", "spaces"])
+    assert (done["question"], done["participants"]) == ("Tabs or spaces?", ["tabs", "spaces"])
     record = store.get("d-1")
     assert record is not None
     assert [e["seq"] for e in record.events] == list(range(1, 9))
@@ -396,7 +396,7 @@ PAGE_STATE = """(() => {
     speakers: all('#timeline [data-kind="turn"] .who').map((n) => n.textContent),
     turnTexts: all('#timeline [data-kind="turn"] .text').map((n) => n.textContent),
     verdictTexts: all('#timeline [data-kind="verdict"]').map((n) => n.textContent),
-    status: text("status"), topic: text("topic"), tokens: text("tokens"), phi: text("phi"),
+    status: text("status"), question: text("question"), tokens: text("tokens"), phi: text("phi"),
     markup: all("#debate b, #debate i, #debate img, #debate script").length,
     pwned: window.pwned === 1 || document.title === "pwned",
     listed: all("#debates a").map((a) => a.dataset.id),
@@ -484,7 +484,7 @@ async def test_page_shows_a_debate_arriving_live_in_chromium(redis_server: Any, 
     assert "<i>after</i> round 3" in final["verdictTexts"][-1]
 
     # Model output and user input are shown as text, never run or rendered as markup.
-    assert final["topic"] == TOPIC
+    assert final["question"] == TOPIC
     assert all(CRITIC_SAYS in text for text in final["turnTexts"][1::2])
     assert "<i>after</i> round 1" in final["verdictTexts"][0]
     assert final["markup"] == 0

@@ -22,7 +22,7 @@ class _Checkpoint:
 
 
 @dataclass(slots=True)
-class _Lease:
+class _HeldLease:
     owner: str
     expires_at: float  # time.monotonic(): only this process reads it
 
@@ -37,7 +37,7 @@ class MemoryCheckpointStore(CheckpointStore):
     def __init__(self) -> None:
         self._checkpoints: dict[str, _Checkpoint] = {}
         self._results: dict[str, bytes] = {}
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, _HeldLease] = {}
 
     # ---- checkpoints --------------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ class MemoryCheckpointStore(CheckpointStore):
         lease = self._leases.get(debate_id)
         if lease is not None and lease.live(now) and lease.owner != owner:
             return False
-        self._leases[debate_id] = _Lease(owner, now + ttl)
+        self._leases[debate_id] = _HeldLease(owner, now + ttl)
         return True
 
     async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:

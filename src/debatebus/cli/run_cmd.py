@@ -1,4 +1,4 @@
-"""``debatebus run "topic"``: one debate in the terminal, each turn shown as it finishes.
+"""``debatebus run "question"``: one debate in the terminal, each turn shown as it finishes.
 
 On a terminal with ``rich`` installed, speaker names are coloured and a spinner runs while a model
 works; otherwise (piped output, no rich) the same lines are printed as plain text. ``--json``
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 from debatebus.cli.common import positive_int
 from debatebus.engine import Debate, interpret_phi_hat
 from debatebus.engine.definition import PROTOCOLS
+from debatebus.handlers.results import result_fields, to_builtins
 from debatebus.schemas import events as ev
-from debatebus.schemas.results import result_fields, to_builtins
 
 if TYPE_CHECKING:
     from debatebus.engine.result import DebateResult
@@ -34,7 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="run one debate in the terminal",
         description="Run the demo debate (optimist, critic, pragmatist and a moderator) on TOPIC.",
     )
-    parser.add_argument("topic", help='what to debate, e.g. "Should we adopt microservices?"')
+    parser.add_argument("question", help='what to debate, e.g. "Should we adopt microservices?"')
     parser.add_argument(
         "--llm",
         metavar="MODEL",
@@ -64,12 +64,12 @@ async def run(args: argparse.Namespace) -> int:
         print(f"debatebus: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        result = await debate.run(args.topic)
+        result = await debate.run(args.question)
         print(json.dumps(result_fields(result), indent=2, ensure_ascii=False))
         return 0 if result.ok else 1
     view = DebateView(debate, _screen(sys.stdout))
     try:
-        result = await debate.run(args.topic, on_event=view.on_event)
+        result = await debate.run(args.question, on_event=view.on_event)
     finally:
         view.screen.close()
     view.summary(result)
@@ -192,7 +192,7 @@ class DebateView:
         match event:
             case ev.DebateStarted():
                 self.screen.note(
-                    f"Debate: {event.topic}  ({event.protocol}, ≤ {event.max_rounds} rounds)"
+                    f"Debate: {event.question}  ({event.protocol}, ≤ {event.max_rounds} rounds)"
                 )
             case ev.FramingCompleted():
                 self._speech(

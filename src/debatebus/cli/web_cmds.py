@@ -54,8 +54,8 @@ def render_asyncapi(document: dict[str, Any], fmt: str) -> str:
 
 
 async def _asyncapi(args: argparse.Namespace) -> int:
+    from debatebus.asyncapi import build_asyncapi
     from debatebus.cli.bus_cmds import load_app
-    from debatebus.schemas.asyncapi import build_asyncapi
 
     if args.app and args.event_type:
         raise ConfigError("give an app or --event-type, not both: the app names its event types")

@@ -53,7 +53,7 @@ class Debate(DebateSpec):
 
     async def run(
         self,
-        topic: str,
+        question: str,
         *,
         debate_id: str | None = None,
         on_event: OnEvent | None = None,
@@ -64,13 +64,13 @@ class Debate(DebateSpec):
     ) -> DebateResult:
         """Run the debate to its end. Never raises for model failures: a failed debate returns
         ``status="failed"`` with its partial transcript and every token spent."""
-        if not isinstance(topic, str):
-            raise ConfigError(f"topic must be a string, got {type(topic).__name__}")
+        if not isinstance(question, str):
+            raise ConfigError(f"the question must be a string, got {type(question).__name__}")
         if max_rounds is not None and max_rounds < 1:
             raise ConfigError(f"max_rounds must be ≥ 1, got {max_rounds}")
         run = Run(
             self,
-            topic,
+            question,
             debate_id or uuid.uuid4().hex,
             on_event=on_event,
             on_commit=on_commit,
@@ -80,7 +80,7 @@ class Debate(DebateSpec):
         )
         await run.emit(
             ev.DebateStarted,
-            topic=topic,
+            question=question,
             debate_name=self.name,
             protocol=self.protocol,
             participants=[p.name for p in self.participants],

@@ -37,7 +37,7 @@ PROTOCOL_VERSION = "2"
 class PromptContext:
     """Everything a prompt may use. Fields are also the names available to string templates."""
 
-    topic: str
+    question: str
     debate_name: str
     speaker: str
     round: int
@@ -78,7 +78,7 @@ def word_limit_text(limits: Mapping[str, int], phase: str) -> str:
 
 Template = str | Callable[[PromptContext], str]
 
-# Every shipped prompt shares one system prompt and opens with what the whole debate shares (topic,
+# Every shipped prompt shares one system prompt and opens with what the whole debate shares (question,
 # framing, participants, transcript); the speaker's persona and task come last. Consecutive calls
 # then share their longest prefix, which llama.cpp reuses instead of evaluating it again, and which
 # OpenAI and Anthropic prompt caching reward. A speaker's own system prompt is its ``{persona}``.
@@ -88,7 +88,7 @@ SHARED_SYSTEM = (
     "rewrite the debate."
 )
 _CONTEXT = (
-    "Debate topic: {topic}\n{framing}Participants: {participants}\n\nTranscript so far:\n"
+    "Debate topic: {question}\n{framing}Participants: {participants}\n\nTranscript so far:\n"
     "{transcript}\n\n---\nNow it is {speaker}'s turn. {persona}\n"
 )
 _OPENING = (
@@ -109,26 +109,26 @@ _SYNTHESIS = (
     "recommendation, each in a sentence of its own.{word_limit}"
 )
 _FRAMING = (
-    "Debate topic: {topic}\nParticipants: {participants}\n\n---\nNow it is {speaker}'s turn. "
+    "Debate topic: {question}\nParticipants: {participants}\n\n---\nNow it is {speaker}'s turn. "
     "{persona}\nFrame this debate in a few sentences: the key question, what is at stake and what "
     "a good answer must address."
 )
 _AUDIENCE = (
-    "Debate topic: {topic}\nAudience: {audience}\n\n---\nNow it is {speaker}'s turn. {persona}\n"
+    "Debate topic: {question}\nAudience: {audience}\n\n---\nNow it is {speaker}'s turn. {persona}\n"
     "Describe what this audience knows, needs and cares about, so the participants can address "
     "it.{word_limit}"
 )
 _POSITION = (
-    "Topic: {topic}\n{framing}{audience}\n---\nNow it is {speaker}'s turn. {persona}{utility}\n"
+    "Topic: {question}\n{framing}{audience}\n---\nNow it is {speaker}'s turn. {persona}{utility}\n"
     "State your independent position.{word_limit}"
 )
 _REVISION = (
-    "Topic: {topic}\n{framing}{audience}\n---\nNow it is {speaker}'s turn. {persona}{utility}\n"
+    "Topic: {question}\n{framing}{audience}\n---\nNow it is {speaker}'s turn. {persona}{utility}\n"
     "The other participants' positions:\n{positions}\n\nRevise your position after considering "
     "theirs.{word_limit}"
 )
 _CROSS_SYNTHESIS = (
-    "Topic: {topic}\n{audience}Revised positions, with what each participant maximizes and "
+    "Topic: {question}\n{audience}Revised positions, with what each participant maximizes and "
     "penalizes:\n{positions}\n\n---\nNow it is {speaker}'s turn. {persona}\nDo not average the "
     "positions. Show the tensions between these utilities and the equilibrium that best respects "
     "them.{word_limit}"

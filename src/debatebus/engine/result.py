@@ -19,7 +19,7 @@ Status = Literal["completed", "failed"]
 @dataclass(slots=True)
 class DebateResult:
     debate_id: str
-    topic: str
+    question: str
     rounds: list[Round]
     framing: str | None
     synthesis: str | None
@@ -50,7 +50,7 @@ class DebateState:
     """The debate as ``until`` and callable prompts see it, after ``round`` (0 before round 1)."""
 
     debate_id: str
-    topic: str
+    question: str
     round: int
     rounds: Sequence[Round]
     framing: str | None

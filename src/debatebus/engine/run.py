@@ -40,7 +40,7 @@ class Run:
     def __init__(
         self,
         spec: DebateSpec,
-        topic: str,
+        question: str,
         debate_id: str,
         *,
         on_event: OnEvent | None = None,
@@ -50,7 +50,7 @@ class Run:
         max_rounds: int | None = None,
     ) -> None:
         self.spec = spec
-        self.topic = topic
+        self.question = question
         self.debate_id = debate_id
         self.request_id = request_id
         self.on_event = on_event
@@ -65,7 +65,7 @@ class Run:
         self.rendered = [render_round(r) for r in self.progress.rounds]
         # The fields every string template shares; speaker, round, transcript… are added per call.
         self.fields = template_fields(
-            topic=topic,
+            question=question,
             debate_name=spec.name,
             participants=spec.participant_names,
             framing=_framing_field(self.progress.framing),
@@ -140,7 +140,7 @@ class Run:
         self, who: str, number: int, phase: str, transcript: str = "", **extra: Any
     ) -> PromptContext:
         return PromptContext(
-            topic=self.topic,
+            question=self.question,
             debate_name=self.spec.name,
             speaker=who,
             round=number,
@@ -163,7 +163,7 @@ class Run:
         framing = self.progress.framing.text if self.progress.framing else None
         return DebateState(
             self.debate_id,
-            self.topic,
+            self.question,
             number,
             tuple(rounds),
             framing,

@@ -249,7 +249,7 @@ def debate_result(
     sole = outcome.sole_output if outcome is not None else None
     return DebateResult(
         debate_id=run.debate_id,
-        topic=run.topic,
+        question=run.question,
         rounds=list(rounds),
         framing=run.progress.framing.text if run.progress.framing else None,
         synthesis=synthesis.text if synthesis else None,

@@ -3,7 +3,7 @@
 Both the checkpoint header and the stored result record the fingerprint of what was asked (the
 input and ``maxRounds``), so a debate id reused for another question is refused, never answered
 with the other question's debate. Records written before fingerprints existed: a header is checked
-by its topic; a result carries no topic and is trusted (as those versions did).
+by its question; a result carries no question and is trusted (as those versions did).
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ __all__ = [
 _FINGERPRINT_KEY = "debatebusFingerprint"
 
 
-def request_fingerprint(topic: str, max_rounds: int | None) -> str:
+def request_fingerprint(question: str, max_rounds: int | None) -> str:
     """What a request asks, hashed: everything a producer can set that changes the debate."""
-    asked = _ENCODER.encode({"v": 1, "input": topic, "maxRounds": max_rounds})
+    asked = _ENCODER.encode({"v": 1, "input": question, "maxRounds": max_rounds})
     return hashlib.sha256(asked).hexdigest()[:32]
 
 
@@ -51,7 +51,7 @@ def request_fingerprint(topic: str, max_rounds: int | None) -> str:
 class Ask:
     """One request's question: its input, round cap, debate id and which field named the id."""
 
-    topic: str
+    question: str
     max_rounds: int | None
     debate_id: str
     id_field: str  # "requestId" or "debateId"
@@ -59,17 +59,17 @@ class Ask:
     fingerprint: str
 
     @classmethod
-    def of(cls, topic: str, max_rounds: int | None, debate_id: str, id_field: str,
+    def of(cls, question: str, max_rounds: int | None, debate_id: str, id_field: str,
            request_id: str | None) -> Ask:
-        return cls(topic, max_rounds, debate_id, id_field, request_id,
-                   request_fingerprint(topic, max_rounds))
+        return cls(question, max_rounds, debate_id, id_field, request_id,
+                   request_fingerprint(question, max_rounds))
 
-    def matches(self, fingerprint: str | None, topic: str | None) -> bool:
+    def matches(self, fingerprint: str | None, question: str | None) -> bool:
         """Whether a stored record answers this question; see the module docstring for records
         without a fingerprint."""
         if fingerprint is not None:
             return fingerprint == self.fingerprint
-        return topic is None or topic == self.topic
+        return question is None or question == self.question
 
 
 def reused_id(ask: Ask) -> InputError:
@@ -86,7 +86,7 @@ class CheckpointHeader(msgspec.Struct, rename="camel", kw_only=True):
     debate_name: str
     definition_hash: str
     protocol_version: str
-    topic: str
+    question: str = msgspec.field(name="topic")  # its stored name, from before the rename
     created_at: str
     fingerprint: str | None = None  # None in headers written before fingerprints
 

@@ -49,8 +49,8 @@ from debatebus.handlers.checkpointing import (
     restore_progress,
     reused_id,
 )
+from debatebus.handlers.results import failure_fields, result_fields
 from debatebus.schemas.envelope import now_iso
-from debatebus.schemas.results import failure_fields, result_fields
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
@@ -213,7 +213,7 @@ class DurableRunner:
         return CheckpointHeader(
             debate_id=ask.debate_id, debate_name=self.debate.spec.name,
             definition_hash=self.debate.definition_hash, protocol_version=PROTOCOL_VERSION,
-            topic=ask.topic, created_at=now_iso(), fingerprint=ask.fingerprint,
+            question=ask.question, created_at=now_iso(), fingerprint=ask.fingerprint,
         )
 
     def _restore(self, ask: Ask, header: CheckpointHeader, encoded: bytes,
@@ -222,7 +222,7 @@ class DurableRunner:
         when the checkpoint is another question's."""
         stored = opening.header
         first = header if stored is None or stored == encoded else decode_header(stored)
-        if not ask.matches(first.fingerprint, first.topic):
+        if not ask.matches(first.fingerprint, first.question):
             raise reused_id(ask)
         if first.definition_hash != header.definition_hash and self.drift == "strict":
             return (f"debate {header.debate_name!r} changed since debate {ask.debate_id!r} was "
@@ -251,7 +251,7 @@ class DurableRunner:
         self.keeper.track(owner, debate_id, task)
         try:
             result = await self.debate.run(
-                ask.topic, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
+                ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=progress, on_commit=commit, request_id=ask.request_id)
         except asyncio.CancelledError:
             if self.keeper.untrack(owner) and task.uncancel() == 0:

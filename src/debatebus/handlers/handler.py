@@ -29,10 +29,10 @@ from debatebus.handlers.inputs import (
     DEFAULT_MAX_INPUT_BYTES,
     read_debate_id,
     read_max_rounds,
+    read_question,
     read_replay,
-    read_topic,
 )
-from debatebus.schemas.results import result_fields
+from debatebus.handlers.results import result_fields
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
@@ -85,7 +85,7 @@ class _SingleFlight:
 
 
 class DebateHandler:
-    """Reads ``payload["input"]`` as the topic, runs the debate, returns the payload merged with the
+    """Reads ``payload["input"]`` as the question, runs the debate, returns the payload merged with the
     ``debate*`` result fields. Raises ``InputError`` for a malformed payload or a debate id already
     used for another input; never raises for a failed debate (``debateStatus`` says ``"failed"``).
 
@@ -161,14 +161,14 @@ class DebateHandler:
 
     def ask(self, payload: Mapping[str, Any], request_id: str | None) -> Ask:
         """What ``payload`` asks, validated: InputError says what to fix."""
-        topic = read_topic(payload, self.max_input_bytes)
+        question = read_question(payload, self.max_input_bytes)
         max_rounds = read_max_rounds(payload, self.debate.spec.max_rounds)
         named = read_debate_id(payload)
         debate_id = named or request_id or uuid.uuid4().hex
         if read_replay(payload) == "rerun":
             debate_id = f"{debate_id}~rerun-{uuid.uuid4().hex[:8]}"
         id_field = "debateId" if named else "requestId"
-        return Ask.of(topic, max_rounds, debate_id, id_field, request_id)
+        return Ask.of(question, max_rounds, debate_id, id_field, request_id)
 
     async def __call__(
         self,
@@ -199,7 +199,7 @@ class DebateHandler:
         if self.runner is not None:
             return await self.runner.run(ask, on_event)
         result = await self.debate.run(
-            ask.topic, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
+            ask.question, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
             request_id=ask.request_id,
         )
         return result_fields(result)

@@ -13,8 +13,8 @@ __all__ = [
     "MAX_ROUNDS_LIMIT",
     "read_debate_id",
     "read_max_rounds",
+    "read_question",
     "read_replay",
-    "read_topic",
 ]
 
 DEFAULT_MAX_INPUT_BYTES = 64 * 1024
@@ -22,26 +22,27 @@ DEFAULT_MAX_INPUT_BYTES = 64 * 1024
 MAX_ROUNDS_LIMIT: Final = 1000
 
 
-def read_topic(payload: Any, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> str:
+def read_question(payload: Any, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> str:
     if not isinstance(payload, Mapping):
         raise InputError(
-            f"payload must be a JSON object like {{\"input\": \"<topic>\"}}, got "
+            f"payload must be a JSON object like {{\"input\": \"<question>\"}}, got "
             f"{type(payload).__name__}"
         )
     if "input" not in payload:
-        raise InputError('payload.input is missing: send {"payload": {"input": "<the debate topic>"}}')
-    topic = payload["input"]
-    if not isinstance(topic, str):
-        raise InputError(f"payload.input must be a string (the debate topic), got {type(topic).__name__}")
-    if not topic.strip():
-        raise InputError("payload.input is empty: send the debate topic as a non-empty string")
-    size = len(topic.encode())
+        raise InputError('payload.input is missing: send {"payload": {"input": "<the debate question>"}}')
+    question = payload["input"]
+    if not isinstance(question, str):
+        raise InputError("payload.input must be a string (the debate question), got "
+                         f"{type(question).__name__}")
+    if not question.strip():
+        raise InputError("payload.input is empty: send the debate question as a non-empty string")
+    size = len(question.encode())
     if size > max_input_bytes:
         raise InputError(
-            f"payload.input is {size} bytes, over the limit of {max_input_bytes}: shorten the topic "
+            f"payload.input is {size} bytes, over the limit of {max_input_bytes}: shorten the question "
             "or raise max_input_bytes on the handler"
         )
-    return topic
+    return question
 
 
 def read_max_rounds(payload: Mapping[str, Any], cap: int) -> int | None:

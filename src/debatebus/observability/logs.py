@@ -38,7 +38,7 @@ __all__ = [
 _HANDLER_NAME: Final = "debatebus"
 _IDS: Final = ("requestId", "debateId", "eventType")
 _DEBATE_ID: Final = "log.debate_id"  # RequestContext.scratch key
-#: Free text (errors, topics) is cut to this many characters: enough to act on, not a transcript.
+#: Free text (errors, questions) is cut to this many characters: enough to act on, not a transcript.
 _SNIPPET: Final = 300
 
 #: The request being handled in this task (and the tasks it starts), for ``ContextFilter``.
@@ -165,7 +165,7 @@ class LoggingObserver(Observer):
     """Logs each request's debate start (INFO), calls and rounds (DEBUG), failed turns (WARNING)
     and its end (INFO, or WARNING when it did not complete), with its ids on every line.
 
-    Debate text — topic, turns, verdicts, output — is logged only with ``log_transcripts=True``:
+    Debate text — question, turns, verdicts, output — is logged only with ``log_transcripts=True``:
     it can be long, and it is the users' data.
     """
 
@@ -196,10 +196,10 @@ class LoggingObserver(Observer):
     def _started(self, ctx: RequestContext, event: ev.DebateStarted) -> None:
         resumed = (f", resumed after round {event.resumed_from_round}"
                    if event.resumed_from_round else "")
-        topic = f": {event.topic}" if self.log_transcripts else ""
+        question = f": {event.question}" if self.log_transcripts else ""
         self._emit(ctx, logging.INFO, "debate %r started (delivery %d, %d participants, up to %d "
                    "rounds%s)%s", event.debate_name, ctx.deliveries, len(event.participants),
-                   event.max_rounds, resumed, topic)
+                   event.max_rounds, resumed, question)
 
     def _call(self, ctx: RequestContext, event: ev.FramingCompleted | ev.TurnCompleted
               | ev.SynthesisCompleted | ev.VerdictReached) -> None:

@@ -50,7 +50,7 @@ class _CallEvent(_Event, kw_only=True):
 
 
 class DebateStarted(_Event, tag="debate_started", kw_only=True):
-    topic: str
+    question: str
     debate_name: str
     protocol: str
     participants: list[str]

@@ -10,13 +10,13 @@ touched, so the client and the batcher close in any order.
 **The connection speaks RESP2, whatever the URL says**: it never sends ``HELLO``, so
 ``?protocol=3`` applies to the client's connections, not to this one, and no RESP3 push frame can
 arrive on it. As a defence all the same, every pipeline ends with ``ECHO <token>``: a pipeline is
-settled only once its last reply is its own token, so a frame nobody asked for (which would shift
+complete only once its last reply is its own token, so a frame nobody asked for (which would shift
 every later reply by one) fails the pipelines in flight and closes the connection instead of
 handing one caller another's reply. (So the Redis user needs ``ECHO``, which ``+@all`` and
 ``+@connection`` include.)
 
 Pipelines are written back to back without waiting for the previous one's replies; hiredis parses
-each chunk of replies the moment it arrives and every caller's future is settled from that
+each chunk of replies the moment it arrives and every caller's future is resolved from that
 callback, which spares a task switch per pipeline and a coroutine per reply.
 """
 
@@ -59,10 +59,10 @@ class _Job:
 @dataclass(slots=True, eq=False)
 class _Pipeline:
     """One pipeline on the wire: its jobs and the replies collected so far.
-    ``settle(pipeline, error)`` is called once, from the loop, when it ends either way."""
+    ``resolve(pipeline, error)`` is called once, from the loop, when it ends either way."""
 
     jobs: list[_Job]
-    settle: Callable[[_Pipeline, BaseException | None], None]
+    resolve: Callable[[_Pipeline, BaseException | None], None]
     expected: int = 0
     marker: bytes = b""
     replies: list[Any] = field(default_factory=list)
@@ -119,7 +119,7 @@ class _Wire(asyncio.Protocol):
                                                "that answers none of them came in between")
         pipeline.replies.pop()
         self.inflight.popleft()
-        pipeline.settle(pipeline, None)
+        pipeline.resolve(pipeline, None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.fail(redis_errors.ConnectionError(
@@ -135,7 +135,7 @@ class _Wire(asyncio.Protocol):
                 self.transport.abort()
         while self.inflight:
             pipeline = self.inflight.popleft()
-            pipeline.settle(pipeline, self.lost)
+            pipeline.resolve(pipeline, self.lost)
 
 
 async def _open(endpoint: Endpoint, where: str) -> _Wire:
@@ -166,11 +166,11 @@ async def _handshake(wire: _Wire, commands: list[Command], where: str) -> None:
     done: asyncio.Future[tuple[list[Any], BaseException | None]] = (
         asyncio.get_running_loop().create_future())
 
-    def settle(pipeline: _Pipeline, error: BaseException | None) -> None:
+    def resolve(pipeline: _Pipeline, error: BaseException | None) -> None:
         if not done.done():
             done.set_result((pipeline.replies, error))
 
-    wire.send(_Pipeline([], settle), commands)
+    wire.send(_Pipeline([], resolve), commands)
     replies, error = await done
     # A refused AUTH makes every later reply a NOAUTH: the first refusal is the one to report.
     for command, reply in zip(commands, replies, strict=False):
@@ -245,7 +245,7 @@ class CommandBatcher:
                                       "before this command was sent"))
 
     async def submit(self, commands: Sequence[Command]) -> list[Any]:
-        # A cancelled caller does not unqueue its job: half-settled states are worse than a late one.
+        # A cancelled caller does not unqueue its job: half-resolved states are worse than a late one.
         return await self.enqueue(commands)
 
     def enqueue(self, commands: Sequence[Command], *,
@@ -329,7 +329,7 @@ class CommandBatcher:
             pipeline.timer.cancel()
         try:
             if error is None:
-                self._settle(pipeline.jobs, pipeline.replies)
+                self._resolve(pipeline.jobs, pipeline.replies)
             else:  # whatever it is, every caller hears
                 mapped = (error if isinstance(error, DebatebusError)
                           else transport_error(error, self._where))
@@ -340,7 +340,7 @@ class CommandBatcher:
             if not self._queue and not self._waiting and (wire is None or not wire.inflight):
                 self._idle.set()
 
-    def _settle(self, batch: list[_Job], replies: list[Any]) -> None:
+    def _resolve(self, batch: list[_Job], replies: list[Any]) -> None:
         # Replies come in queue order: each job's own commands, one after another.
         start = 0
         for job in batch:

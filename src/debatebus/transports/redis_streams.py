@@ -125,8 +125,9 @@ _encode_fields = msgspec.json.Encoder().encode
 
 
 @dataclass(slots=True, eq=False)
-class _Lease:
-    """One (stream, group, consumer): the entries this process holds unsettled, kept alive."""
+class _Seat:
+    """This consumer's seat in one stream's group: the entries it holds unsettled, kept alive
+    (a *claim* on them, in Redis's words; not a debate's lease, which the checkpoint store keeps)."""
 
     topic: str
     group: str
@@ -223,7 +224,7 @@ class RedisStreamsTransport(Transport):
         self._where = describe(url, client)
         self._batcher: CommandBatcher | None = None
         self._keepalive: asyncio.Task[None] | None = None
-        self._leases: dict[tuple[str, str, str], _Lease] = {}
+        self._seats: dict[tuple[str, str, str], _Seat] = {}
         self._reads = ReadTracker()
         self._closed = False
 
@@ -239,7 +240,7 @@ class RedisStreamsTransport(Transport):
         self._closed = False
         self._batcher = CommandBatcher(self._client, self._where, timeout=self._timeout)
         self._batcher.start()
-        self._keepalive = asyncio.create_task(self._keep_leases(), name="debatebus-redis-keepalive")
+        self._keepalive = asyncio.create_task(self._keep_claims(), name="debatebus-redis-keepalive")
 
     async def close(self) -> None:
         self._closed = True
@@ -296,28 +297,28 @@ class RedisStreamsTransport(Transport):
             await self._settle(delivery, [(dlq_topic(delivery.topic), "",  # never trimmed
                                            self._dead_letter_fields(delivery, reason))])
             return
-        lease = _lease_of(delivery)
-        lease.inflight.discard(delivery.id)
+        seat = _seat_of(delivery)
+        seat.inflight.discard(delivery.id)
         # Back-dating the entry's idle time makes the next XAUTOCLAIM (ours, or any live
         # consumer's) take it, which also counts the delivery; JUSTID leaves the count alone here.
         # Should this fail, the entry is still released: it is claimed after claim_idle_ms.
         async with self._call():
-            await self._redis().xclaim(lease.topic, lease.group, lease.consumer, 0, [delivery.id],
+            await self._redis().xclaim(seat.topic, seat.group, seat.consumer, 0, [delivery.id],
                                        idle=self._claim_idle_ms, justid=True)
-        lease.claim_due = True
+        seat.claim_due = True
 
     def release(self, delivery: Delivery) -> None:
         """Stop keeping the entry alive: it stays pending and any consumer's ``XAUTOCLAIM``
         takes it once it has been idle for ``claim_idle_ms``."""
-        if isinstance(delivery.token, _Lease):
+        if isinstance(delivery.token, _Seat):
             delivery.token.inflight.discard(delivery.id)
 
     async def _settle(self, delivery: Delivery, outputs: Sequence[tuple[str, int | str, list[Any]]],
                       ) -> None:
         """Run the settle script: ``outputs`` are (stream, MAXLEN or '', fields) to publish."""
-        lease = _lease_of(delivery)
-        keys = [lease.topic, *(topic for topic, _, _ in outputs)]
-        args: list[Any] = [lease.group, delivery.id]
+        seat = _seat_of(delivery)
+        keys = [seat.topic, *(topic for topic, _, _ in outputs)]
+        args: list[Any] = [seat.group, delivery.id]
         for _, max_len, fields in outputs:
             args += (max_len, len(fields), *fields)
         command = ("EVALSHA", _SETTLE_SHA, len(keys), *keys, *args)
@@ -329,9 +330,9 @@ class RedisStreamsTransport(Transport):
             async with self._call():  # a restarted Redis forgot the script: load it, once
                 await self._redis().script_load(_SETTLE)
             (settled,) = await self._submit_to().submit((command,))
-        lease.inflight.discard(delivery.id)
+        seat.inflight.discard(delivery.id)
         if not settled:
-            log.debug("%s %s was settled already: nothing published", lease.topic, delivery.id)
+            log.debug("%s %s was settled already: nothing published", seat.topic, delivery.id)
 
     def _dead_letter_fields(self, delivery: Delivery, reason: str) -> list[Any]:
         return [*_message_fields(delivery.body, delivery.key, delivery.headers),
@@ -348,18 +349,18 @@ class RedisStreamsTransport(Transport):
 
     # -- consuming -------------------------------------------------------------------------------
 
-    def _lease(self, topic: str, group: str, consumer: str) -> _Lease:
+    def _seat(self, topic: str, group: str, consumer: str) -> _Seat:
         key = (topic, group, consumer)
-        lease = self._leases.get(key)
-        if lease is None:
-            lease = self._leases[key] = _Lease(topic, group, consumer)
-        return lease
+        seat = self._seats.get(key)
+        if seat is None:
+            seat = self._seats[key] = _Seat(topic, group, consumer)
+        return seat
 
-    async def _ensure_groups(self, leases: Iterable[_Lease]) -> None:
-        for lease in leases:
+    async def _ensure_groups(self, seats: Iterable[_Seat]) -> None:
+        for seat in seats:
             try:
                 async with self._call():
-                    await self._redis().xgroup_create(lease.topic, lease.group, id="0",
+                    await self._redis().xgroup_create(seat.topic, seat.group, id="0",
                                                       mkstream=True)
             except TransportError as e:
                 if "BUSYGROUP" not in str(e.__cause__):
@@ -374,24 +375,24 @@ class RedisStreamsTransport(Transport):
             raise ConfigError("consume needs at least one topic and prefetch >= 1")
         await self.connect()
         # Leases outlive this call: consuming again after an error carries on with what is held.
-        leases = [self._lease(topic, group, consumer) for topic in topics]
-        await self._ensure_groups(leases)
+        seats = [self._seat(topic, group, consumer) for topic in topics]
+        await self._ensure_groups(seats)
         batch: list[Delivery] = []
         next_claim = 0.0
         try:
             while not self._closed:
                 try:
-                    if next_claim <= time.monotonic() or any(lease.claim_due for lease in leases):
+                    if next_claim <= time.monotonic() or any(seat.claim_due for seat in seats):
                         next_claim = time.monotonic() + self._claim_idle_ms / 2000
-                        batch = await self._reclaim(leases, prefetch)
+                        batch = await self._reclaim(seats, prefetch)
                     if not batch:
-                        batch = await self._read_new(leases, prefetch)
+                        batch = await self._read_new(seats, prefetch)
                 except TransportError as e:
                     if "NOGROUP" not in str(e.__cause__):
                         raise
                     # The stream or group is gone (deleted, or Redis restarted without its
                     # data): make them again and carry on.
-                    await self._ensure_groups(leases)
+                    await self._ensure_groups(seats)
                     continue
                 batch.reverse()
                 while batch:
@@ -404,38 +405,38 @@ class RedisStreamsTransport(Transport):
             for delivery in batch:
                 delivery.token.inflight.discard(delivery.id)
 
-    async def _read_new(self, leases: list[_Lease], prefetch: int) -> list[Delivery]:
-        streams = {lease.topic: ">" for lease in leases}
-        lease = leases[0]
+    async def _read_new(self, seats: list[_Seat], prefetch: int) -> list[Delivery]:
+        streams = {seat.topic: ">" for seat in seats}
+        seat = seats[0]
         with self._reads.reading():
             async with self._call(self._block_ms):
                 reply = await self._redis().xreadgroup(
-                    lease.group, lease.consumer, streams,  # type: ignore[arg-type]
+                    seat.group, seat.consumer, streams,  # type: ignore[arg-type]
                     count=prefetch, block=self._block_ms)
-        return self._deliveries(leases, reply)
+        return self._deliveries(seats, reply)
 
-    def _deliveries(self, leases: list[_Lease], reply: Any) -> list[Delivery]:
-        by_name = {lease.topic.encode(): lease for lease in leases} if len(leases) > 1 else None
+    def _deliveries(self, seats: list[_Seat], reply: Any) -> list[Delivery]:
+        by_name = {seat.topic.encode(): seat for seat in seats} if len(seats) > 1 else None
         out: list[Delivery] = []
         for name, entries in _stream_entries(reply):
-            lease = by_name[name] if by_name is not None else leases[0]
-            inflight, topic = lease.inflight, lease.topic
+            seat = by_name[name] if by_name is not None else seats[0]
+            inflight, topic = seat.inflight, seat.topic
             for entry_id, fields in entries:
                 if fields is None:  # trimmed away while pending
                     continue
-                delivery = entry_to_delivery(topic, entry_id, fields, 1, lease)
+                delivery = entry_to_delivery(topic, entry_id, fields, 1, seat)
                 inflight.add(delivery.id)
                 out.append(delivery)
         return out
 
-    async def _reclaim(self, leases: list[_Lease], prefetch: int) -> list[Delivery]:
+    async def _reclaim(self, seats: list[_Seat], prefetch: int) -> list[Delivery]:
         out: list[Delivery] = []
-        for lease in leases:
-            lease.claim_due = False
-            claimed = await self._autoclaim(lease, prefetch - len(out))
+        for seat in seats:
+            seat.claim_due = False
+            claimed = await self._autoclaim(seat, prefetch - len(out))
             if claimed:
-                counts = await self._delivery_counts(lease, [ident for ident, _ in claimed])
-                out += (entry_to_delivery(lease.topic, ident, fields, counts.get(ident, 2), lease)
+                counts = await self._delivery_counts(seat, [ident for ident, _ in claimed])
+                out += (entry_to_delivery(seat.topic, ident, fields, counts.get(ident, 2), seat)
                         for ident, fields in claimed)
             if len(out) >= prefetch:
                 break
@@ -445,14 +446,14 @@ class RedisStreamsTransport(Transport):
             delivery.token.inflight.add(delivery.id)
         return out
 
-    async def _autoclaim(self, lease: _Lease, limit: int) -> list[tuple[str, Any]]:
+    async def _autoclaim(self, seat: _Seat, limit: int) -> list[tuple[str, Any]]:
         """Entries idle past ``claim_idle_ms`` in any consumer's pending list, now ours."""
         claimed: list[tuple[str, Any]] = []
         cursor: Any = "0-0"
         while len(claimed) < limit:
             async with self._call():
                 reply: Any = await self._redis().xautoclaim(
-                    lease.topic, lease.group, lease.consumer, self._claim_idle_ms,
+                    seat.topic, seat.group, seat.consumer, self._claim_idle_ms,
                     start_id=cursor, count=limit - len(claimed))
             cursor = reply[0]
             for entry_id, fields in reply[1]:
@@ -460,17 +461,17 @@ class RedisStreamsTransport(Transport):
                     continue
                 ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
                 # Ours and still being worked on (the loop stalled past a keepalive): skip it.
-                if ident not in lease.inflight:
+                if ident not in seat.inflight:
                     claimed.append((ident, fields))
             if cursor in (b"0-0", "0-0"):
                 break
         return claimed
 
-    async def _delivery_counts(self, lease: _Lease, ids: list[str]) -> dict[str, int]:
+    async def _delivery_counts(self, seat: _Seat, ids: list[str]) -> dict[str, int]:
         """XAUTOCLAIM does not report delivery counts; XPENDING does, one id at a time."""
         pipe = self._redis().pipeline(transaction=False)
         for ident in ids:
-            pipe.xpending_range(lease.topic, lease.group, ident, ident, 1, lease.consumer)
+            pipe.xpending_range(seat.topic, seat.group, ident, ident, 1, seat.consumer)
         async with self._call():
             replies: list[Any] = await pipe.execute()
         counts: dict[str, int] = {}
@@ -479,14 +480,14 @@ class RedisStreamsTransport(Transport):
                 counts[ident] = int(reply[0]["times_delivered"])
         return counts
 
-    async def _refresh(self, held: Mapping[_Lease, Iterable[str]]) -> None:
+    async def _refresh(self, held: Mapping[_Seat, Iterable[str]]) -> None:
         # XCLAIM … JUSTID resets the idle time without counting a delivery.
         pipe = self._redis().pipeline(transaction=False)
-        for lease, ids in held.items():
-            pipe.xclaim(lease.topic, lease.group, lease.consumer, 0, list(ids), justid=True)
+        for seat, ids in held.items():
+            pipe.xclaim(seat.topic, seat.group, seat.consumer, 0, list(ids), justid=True)
         await pipe.execute(raise_on_error=False)
 
-    async def _keep_leases(self) -> None:
+    async def _keep_claims(self) -> None:
         """Keep everything this process holds — handed out or still buffered — from looking
         abandoned, so no live consumer's work is taken over however long a debate runs. Lives
         through outages: one warning when refreshing starts failing, one INFO when it works again."""
@@ -495,7 +496,7 @@ class RedisStreamsTransport(Transport):
             await asyncio.sleep(self._claim_idle_ms / 3000)
             if self._closed:  # close() cancels us once the reads are done
                 return
-            held = {lease: lease.inflight for lease in self._leases.values() if lease.inflight}
+            held = {seat: seat.inflight for seat in self._seats.values() if seat.inflight}
             if not held:
                 continue
             try:
@@ -575,8 +576,8 @@ class RedisStreamsTransport(Transport):
                 left -= len(entries)
 
 
-def _lease_of(delivery: Delivery) -> _Lease:
-    if not isinstance(delivery.token, _Lease):
+def _seat_of(delivery: Delivery) -> _Seat:
+    if not isinstance(delivery.token, _Seat):
         raise ConfigError("ack and reject take deliveries from consume(), not from subscribe() "
                           "or read_range()")
     return delivery.token

@@ -51,7 +51,7 @@ class DebateRecord:
     debate_id: str
     request_id: str | None = None
     name: str = ""
-    topic: str = ""
+    question: str = ""
     protocol: str = ""
     participants: list[str] = field(default_factory=list)
     max_rounds: int = 0
@@ -83,7 +83,7 @@ class DebateRecord:
     def summary(self) -> dict[str, Any]:
         return {
             "id": self.debate_id, "requestId": self.request_id, "name": self.name,
-            "topic": self.topic, "protocol": self.protocol, "participants": self.participants,
+            "question": self.question, "protocol": self.protocol, "participants": self.participants,
             "maxRounds": self.max_rounds, "status": self.status, "rounds": self.rounds,
             "turns": self.turns, "tokens": self.tokens, "phiHat": self.phi_hat,
             "phiLevel": self.phi_level, "verdict": self.verdict, "error": self.error,
@@ -101,7 +101,7 @@ def _ignore(record: DebateRecord, event: Event) -> None:
 
 def _started(record: DebateRecord, event: Event) -> None:
     record.status = "running"  # again, when another worker resumes the debate
-    record.topic = str(event.get("topic", record.topic))
+    record.question = str(event.get("question", record.question))
     record.name = str(event.get("debateName", record.name))
     record.protocol = str(event.get("protocol", record.protocol))
     participants = event.get("participants")

@@ -1,0 +1,191 @@
+"""The message schemas of the AsyncAPI document, from the msgspec structs the worker really encodes
+and decodes, so the document cannot drift from the wire. The structs here add what the generic ones
+leave open: the request payload (``Envelope.payload`` is any object), the result payload
+(``result_fields``) and dead letters. Documentation only: the worker reads payloads as plain dicts.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from debatebus.engine.transcript import Round
+from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
+from debatebus.schemas.envelope import Envelope
+from debatebus.schemas.events import EVENT_TYPES, DebateEvent
+from debatebus.schemas.usage import TokenUsage
+from debatebus.transports.kafka.names import (
+    DELIVERIES_HEADER,
+    ORIGIN_HEADER,
+    ORIGIN_OFFSET_HEADER,
+    ORIGIN_PARTITION_HEADER,
+    REASON_HEADER,
+)
+
+__all__ = [
+    "SCHEMA_REF",
+    "DeadLetterHeaders",
+    "RedisDeadLetterEntry",
+    "RequestPayload",
+    "ResultPayload",
+    "schema_components",
+]
+
+#: How a message schema refers to another one.
+SCHEMA_REF: Final = "#/components/schemas/{name}"
+
+
+# ---- payload structs (documentation only: the worker reads payloads as plain dicts) -------------
+
+
+class RequestPayload(msgspec.Struct, rename="camel", omit_defaults=True):
+    """What a producer asks for. Unknown fields are allowed and echoed back in the result."""
+
+    input: Annotated[str, Meta(
+        pattern=r"\S",
+        description=f"The debate topic: a non-blank string of at most {DEFAULT_MAX_INPUT_BYTES} "
+                    "bytes of UTF-8 (the handler's max_input_bytes).",
+        examples=["Should we adopt microservices?"],
+    )]
+    max_rounds: Annotated[Annotated[int, Meta(ge=1, le=1000)] | None, Meta(
+        description="Cap on the rounds, never above the debate's own max_rounds.",
+    )] = None
+    debate_id: Annotated[Annotated[str, Meta(min_length=1, max_length=256)] | None, Meta(
+        description="Names the debate (default: the requestId). Re-sending the id of a finished "
+                    "debate replays its stored result; a checkpointed one resumes.",
+    )] = None
+    replay: Annotated[Literal["rerun"] | None, Meta(
+        description='"rerun" runs afresh under a new debate id instead of replaying.',
+    )] = None
+
+
+class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The request payload's own fields, echoed, plus the debate's outcome (``debate*`` fields,
+    named as in Synkro's ``asHandler``). A request that failed before its debate ran may carry
+    only debateId, debateStatus, debateError, debateRounds, debateOutput and debateTokenUsage."""
+
+    debate_id: str
+    debate_status: Literal["completed", "failed"]
+    debate_rounds: Annotated[int, Meta(ge=0, description="Rounds completed.")]
+    debate_output: Annotated[str, Meta(description="The synthesis, or the last round's text.")]
+    debate_token_usage: TokenUsage
+    debate_error: Annotated[str | None, Meta(description="Why the debate failed.")] = None
+    debate_synthesis: str | None = None
+    debate_transcript: Annotated[list[Round] | UnsetType, Meta(
+        description="Every round: turns in speaking order, verdict, token usage.",
+    )] = UNSET
+    debate_verdict: Annotated[dict[str, Any] | None, Meta(
+        description="The judge's last verdict (the judge schema's fields; by default "
+                    "consensus, summary, winner).",
+    )] = None
+    debate_phi_hat: Annotated[float | None, Meta(
+        description="Φ̂, the integration score: how much the participants' wording moved between "
+                    "their texts (mean Jaccard distance, 0..1).",
+    )] = None
+    debate_satisfied: Annotated[bool, Meta(description="The stop rule was met.")] = False
+    debate_replayed: Annotated[bool, Meta(
+        description="The stored result of an earlier run was replayed, nothing was re-run.",
+    )] = False
+    input: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
+    max_rounds: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
+    replay: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
+
+
+class DeadLetterHeaders(msgspec.Struct, omit_defaults=True, rename={
+    "reason": REASON_HEADER,
+    "origin": ORIGIN_HEADER,
+    "origin_id": "x-debatebus-origin-id",
+    "origin_partition": ORIGIN_PARTITION_HEADER,
+    "origin_offset": ORIGIN_OFFSET_HEADER,
+    "deliveries": DELIVERIES_HEADER,
+}):
+    """Headers a dead letter carries besides the original message's own (all strings)."""
+
+    reason: Annotated[str, Meta(description="Why it was dead-lettered and what to fix.")]
+    origin: Annotated[str, Meta(description="The event type it was published on.")]
+    origin_id: Annotated[str | UnsetType, Meta(
+        description="Redis: the original stream entry id.")] = UNSET
+    origin_partition: Annotated[str | UnsetType, Meta(
+        description="Kafka: the original partition.")] = UNSET
+    origin_offset: Annotated[str | UnsetType, Meta(
+        description="Kafka: the original offset.")] = UNSET
+    deliveries: Annotated[str | UnsetType, Meta(
+        description="How many times it was delivered (a decimal number).")] = UNSET
+
+
+class RedisDeadLetterEntry(msgspec.Struct, rename="camel", omit_defaults=True):
+    """The fields of a dead-letter entry in the Redis stream ``{type}:dlq``."""
+
+    envelope: Annotated[str, Meta(description="The original message bytes, untouched.")]
+    reason: str
+    origin: Annotated[str, Meta(description="The stream it came from.")]
+    origin_id: Annotated[str, Meta(description="Its entry id there.")]
+    deliveries: Annotated[str, Meta(pattern=r"^[0-9]+$")]
+    key: str | UnsetType = UNSET
+    headers: Annotated[str | UnsetType, Meta(
+        description="The original headers as a JSON object of strings.")] = UNSET
+
+
+_REQUEST_ENVELOPE: Final = 'A debate request: ``{"requestId": "...", "payload": {"input": "<topic>"}}``.'
+_RESULT_ENVELOPE: Final = (
+    "A debate result. ``correlationId`` and ``causationId`` name the request; its ``headers`` "
+    "(W3C ``traceparent`` among them) are carried over."
+)
+
+
+# ---- schemas -----------------------------------------------------------------------------------
+
+
+def _asyncapi_discriminators(node: Any) -> Any:
+    """msgspec writes OpenAPI's ``discriminator`` object; AsyncAPI 3.0 wants the property name
+    alone, so keep the mapping under an extension key rather than lose it."""
+    if isinstance(node, list):
+        return [_asyncapi_discriminators(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _asyncapi_discriminators(value) for key, value in node.items()}
+    found = out.get("discriminator")
+    if isinstance(found, dict):
+        out["discriminator"] = found["propertyName"]
+        out["x-discriminator-mapping"] = found.get("mapping", {})
+    return out
+
+
+def _event_union(union: dict[str, Any]) -> dict[str, Any]:
+    # AsyncAPI's discriminator must be a required property of the schema that declares it.
+    tags = [cls.__struct_config__.tag for cls in EVENT_TYPES]
+    return {
+        "title": "DebateEvent",
+        "description": "One event of a debate on debate:events, tagged by type.",
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"enum": tags}},
+        **union,
+    }
+
+
+def _narrowed(envelope: dict[str, Any], payload: str, description: str) -> dict[str, Any]:
+    """The envelope schema with ``payload`` pointing at one payload schema. Patched rather than
+    subclassed so that Envelope stays the one definition of the wire fields."""
+    properties = {**envelope["properties"], "payload": {"$ref": SCHEMA_REF.format(name=payload)}}
+    return {**envelope, "title": f"{payload.removesuffix('Payload')}Envelope",
+            "description": description, "properties": properties}
+
+
+def schema_components() -> dict[str, Any]:
+    """JSON Schemas of every message, keyed by name, ``$ref``-ing ``#/components/schemas/…``."""
+    roots = [Envelope, RequestPayload, ResultPayload, DeadLetterHeaders, RedisDeadLetterEntry,
+             *EVENT_TYPES]
+    _, schemas = msgspec.json.schema_components(roots, ref_template=SCHEMA_REF)
+    (union,), _ = msgspec.json.schema_components([DebateEvent], ref_template=SCHEMA_REF)
+    envelope = schemas["Envelope"]
+    schemas.update(
+        RequestEnvelope=_narrowed(envelope, "RequestPayload", _REQUEST_ENVELOPE),
+        ResultEnvelope=_narrowed(envelope, "ResultPayload", _RESULT_ENVELOPE),
+        DebateEvent=_event_union(union),
+    )
+    return dict(_asyncapi_discriminators(schemas))
+
+
