@@ -17,9 +17,10 @@ from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError, LeaseLostError, TransportError
 from debatebus.schemas.envelope import completed_topic, failed_topic
+from debatebus.settler import PAYLOAD_ECHO_LIMIT
 from debatebus.transports import Delivery, Outgoing, dlq_topic
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import PAYLOAD_ECHO_LIMIT, DebateBus
+from debatebus.worker import DebateBus
 
 TIMEOUT = 30.0
 TOPIC = "debate:request"

@@ -1,0 +1,293 @@
+"""Settling one delivery: decode it, call its handler, publish the result and ack, all exactly once.
+
+Every delivery ends settled exactly one way: acked with its result (``event:{type}:completed`` /
+``…:failed``), or dead-lettered with a reason when not even a request id can be read. A settle
+the broker refuses is retried until it lands; only a lost lease, a shutdown that outlasts the
+drain timeout, or a broker error inside the handler leave a delivery unsettled: it is released
+(``Transport.release``), so the broker hands it out again — on Redis Streams to any consumer once
+``claim_idle_ms`` has passed, on Kafka from this same consumer at once. Keeping held deliveries
+alive meanwhile is the transport's job. The worker (``debatebus.worker``) owns the lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from debatebus.backoff import Backoff
+from debatebus.engine.run import OnEvent
+from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
+from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult
+from debatebus.handlers.results import failure_fields
+from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.schemas.envelope import (
+    ENVELOPE_ENCODER,
+    Envelope,
+    completed_topic,
+    decode_request,
+    failed_topic,
+    lenient_request,
+    now_iso,
+)
+from debatebus.schemas.events import DebateEvent
+from debatebus.transports import Delivery, Outgoing, Transport
+
+__all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "EVENT_ENCODER", "PAYLOAD_ECHO_LIMIT", "Route",
+           "Settler"]
+
+log = logging.getLogger("debatebus.worker")
+
+EVENT_ENCODER = msgspec.json.Encoder()
+#: Failure events echo the request's payload up to this many bytes of JSON; above it they keep
+#: only its small fields and say what was dropped (``debatePayloadTruncated``).
+PAYLOAD_ECHO_LIMIT: Final = 64 * 1024
+#: Reconnect and settle retries wait uniformly in [0, min(cap, base × 2ⁿ)] (full jitter).
+BACKOFF_BASE_S: Final = 0.1
+BACKOFF_CAP_S: Final = 5.0
+#: In a truncated echo: fields kept when their JSON is this small, up to _KEPT_BYTES in all.
+_SMALL_FIELD: Final = 1024
+_KEPT_BYTES: Final = 16 * 1024
+_LISTED_DROPS: Final = 20
+_Settled = tuple[Outcome, HandlerResult | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    event_type: str
+    #: As subscribed (a ``DebateHandler``, a plain function…); ``handle`` is how it is called.
+    handler: Handler
+    handle: Handle
+
+
+@dataclass(slots=True)
+class Settler:
+    """What settling needs of a worker: its routes, limits, observers and event channel, and
+    ``release`` (stop holding a delivery, so the broker hands it out again)."""
+
+    transport: Transport
+    routes: Mapping[str, Route]
+    max_message_bytes: int
+    max_deliveries: int
+    observer: Observer | None
+    publish_events: bool
+    events_topic: str
+    release: Callable[[Delivery], None]
+
+    async def process(self, delivery: Delivery) -> None:
+        """Settle ``delivery`` one way (answered, failed, dead-lettered, requeued), or release it
+        when it cannot be settled (a lost lease, a broker error in the handler, the drain timeout)."""
+        observer = self.observer
+        ctx = RequestContext(delivery.topic, delivery.id, delivery.deliveries) if observer else None
+        if observer is not None and ctx is not None:
+            observer.request_started(ctx)
+            started = time.perf_counter()
+        outcome: Outcome = "unsettled"
+        result: HandlerResult | None = None
+        try:
+            outcome, result = await self._settle(delivery, ctx)
+        except LeaseLostError as exc:
+            log.warning("%s (%s %s released for redelivery)", exc, delivery.topic, delivery.id)
+            self.release(delivery)
+        except TransportError as exc:  # raised in the handler: settles retry until they land
+            log.error("broker error while handling %s %s: %s (released for redelivery)",
+                      delivery.topic, delivery.id, exc)
+            self.release(delivery)
+        except asyncio.CancelledError:  # the drain timed out
+            self.release(delivery)
+            raise
+        except Exception:
+            log.exception("handler error on %s %s (requeued)", delivery.topic, delivery.id)
+            await self._requeue(delivery)
+        finally:
+            if observer is not None and ctx is not None:
+                observer.request_finished(ctx, outcome, result, time.perf_counter() - started)
+
+    async def _requeue(self, delivery: Delivery) -> None:
+        try:
+            await self.transport.reject(delivery, "handler raised", requeue=True)
+        except TransportError as exc:
+            log.warning("could not requeue %s %s (%s): released for redelivery",
+                        delivery.topic, delivery.id, exc)
+            self.release(delivery)
+
+    async def _settle(self, delivery: Delivery, ctx: RequestContext | None) -> _Settled:
+        route = self.routes.get(delivery.topic)
+        if route is None:
+            return await self._dead_letter(delivery, f"no handler subscribed for {delivery.topic!r}")
+        if len(delivery.body) > self.max_message_bytes:
+            return await self._reject_or_fail(delivery, (
+                f"message is {len(delivery.body)} bytes, over the limit of {self.max_message_bytes}: "
+                "send a smaller message or raise max_message_bytes"))
+        if delivery.deliveries > self.max_deliveries:
+            return await self._dead_letter(delivery, (
+                f"delivered {delivery.deliveries} times without completing (max_deliveries="
+                f"{self.max_deliveries}): inspect the handler's logs for this request"))
+        try:
+            request = decode_request(delivery.body)
+        except InputError as exc:
+            return await self._reject_or_fail(delivery, str(exc))
+        if ctx is not None:
+            ctx.request_id, ctx.headers = request.request_id, request.headers
+            ctx.debate_name = getattr(route.handler, "name", None)
+        return await self._handle(route, delivery, request, ctx)
+
+    async def _dead_letter(self, delivery: Delivery, reason: str) -> _Settled:
+        await self._retrying(delivery, "dead letter", lambda: self.transport.reject(delivery, reason))
+        return "dead_lettered", None
+
+    async def _reject_or_fail(self, delivery: Delivery, reason: str) -> _Settled:
+        """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
+        request_id, payload = lenient_request(delivery.body)
+        if request_id is None:
+            return await self._dead_letter(delivery, reason)
+        request = Envelope(request_id=request_id, payload=payload, type=delivery.topic)
+        return await self._answer(delivery, request, _failure(payload, request_id, reason),
+                                  "bad_input", None)
+
+    async def _handle(self, route: Route, delivery: Delivery, request: Envelope,
+                      ctx: RequestContext | None) -> _Settled:
+        outcome: Outcome
+        handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery)
+        try:
+            result = await route.handle(request.payload, handling)
+        except InputError as exc:
+            result = _failure(request.payload, request.request_id, str(exc))
+            outcome = "bad_input"
+        else:
+            outcome = ("failed" if result.status == "failed" else
+                       "replayed" if result.replayed else "completed")
+        return await self._answer(delivery, request, result, outcome, ctx)
+
+    async def _answer(self, delivery: Delivery, request: Envelope, result: HandlerResult,
+                      outcome: Outcome, ctx: RequestContext | None) -> _Settled:
+        """Ack with ``result``; one the broker refuses as too large becomes a failure event."""
+        try:
+            await self._ack(delivery, request, result, ctx)
+        except MessageTooLargeError as exc:
+            return await self._too_large(delivery, request, exc, ctx)
+        return outcome, result
+
+    async def _too_large(self, delivery: Delivery, request: Envelope, exc: MessageTooLargeError,
+                         ctx: RequestContext | None) -> _Settled:
+        reason = (f"result is {exc.size} bytes, over the broker's limit of {exc.limit}: ask for "
+                  "less (fewer rounds, shorter answers, a smaller payload) or raise the broker's "
+                  "message size limit")
+        log.warning("%s %s: %s; publishing a failure event instead", delivery.topic,
+                    delivery.id, reason)
+        failure = _failure(request.payload, request.request_id, reason,
+                           echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
+        try:
+            await self._ack(delivery, request, failure, ctx)
+        except MessageTooLargeError as again:
+            return await self._dead_letter(delivery, (
+                f"{reason}; its failure event ({again.size} bytes) was refused too"))
+        return "failed", failure
+
+    async def _ack(self, delivery: Delivery, request: Envelope, result: HandlerResult,
+                   ctx: RequestContext | None) -> None:
+        failed = result.status == "failed"
+        topic = failed_topic(delivery.topic) if failed else completed_topic(delivery.topic)
+        headers = request.headers
+        if ctx is not None and self.observer is not None:
+            extra = self.observer.outgoing_headers(ctx)
+            headers = {**headers, **extra} if extra else headers
+        body = ENVELOPE_ENCODER.encode(Envelope(
+            request_id=request.request_id,
+            payload=result.fields,
+            type=topic,
+            correlation_id=request.correlation_id or request.request_id,
+            causation_id=request.request_id,
+            timestamp=now_iso(),
+            headers=headers,
+        ))
+        out = [Outgoing(topic, body, key=request.request_id)]
+        await self._retrying(delivery, "result", lambda: self.transport.ack(delivery, out))
+
+    async def _retrying(self, delivery: Delivery, what: str,
+                        settle: Callable[[], Awaitable[None]]) -> None:
+        """``settle`` until the broker takes it (every transport makes a repeated settle a
+        no-op), with backoff; the delivery stays in flight (and the transport keeps it alive). Only the
+        drain timeout ends the retries (cancelled: ``process`` releases the delivery).
+        ``MessageTooLargeError`` is raised: retrying cannot help it."""
+        backoff, failures = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S), 0
+        try:
+            while True:
+                try:
+                    await settle()
+                except MessageTooLargeError:
+                    raise
+                except TransportError as exc:
+                    failures += 1
+                    if failures == 1:
+                        log.warning("could not settle %s %s with its %s (%s): retrying until the "
+                                    "broker takes it", delivery.topic, delivery.id, what, exc)
+                    await asyncio.sleep(backoff.next())
+                else:
+                    if failures:
+                        log.info("settled %s %s with its %s after %d failed attempts",
+                                 delivery.topic, delivery.id, what, failures)
+                    return
+        except asyncio.CancelledError:
+            if failures:
+                log.warning("gave up settling %s %s with its %s after %d failed attempts: released",
+                            delivery.topic, delivery.id, what, failures)
+            raise
+
+    def _on_event(self, request: Envelope, ctx: RequestContext | None) -> OnEvent | None:
+        """The debate's event callback: observers see events, ``debate:events`` carries them."""
+        observer = self.observer
+        if not self.publish_events:
+            if observer is None or ctx is None:
+                return None
+            return lambda event: observer.debate_event(ctx, event)
+        failing = False
+
+        async def publish(event: DebateEvent) -> None:
+            nonlocal failing
+            if observer is not None and ctx is not None:
+                observer.debate_event(ctx, event)
+            try:
+                await self.transport.publish(
+                    Outgoing(self.events_topic, EVENT_ENCODER.encode(event), key=request.request_id))
+            except TransportError as exc:  # events are for watching: the debate goes on
+                if not failing:
+                    log.warning("could not publish events of %s on %s (the debate goes on): %s",
+                                request.request_id, self.events_topic, exc)
+                failing = True
+
+        return publish
+
+
+def _failure(payload: Mapping[str, Any], request_id: str, error: str, *,
+             echo_limit: int = PAYLOAD_ECHO_LIMIT) -> HandlerResult:
+    echo = _echo(payload, echo_limit)
+    debate_id = echo.get("debateId")  # not when it was too big to echo
+    return HandlerResult("failed", {
+        **echo, **failure_fields(debate_id if isinstance(debate_id, str) else request_id, error)})
+
+
+def _echo(payload: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    """``payload`` when its JSON fits in ``limit`` bytes; else its small fields and
+    ``debatePayloadTruncated``: the payload's size, the limit, and the fields dropped."""
+    size = len(EVENT_ENCODER.encode(payload))
+    if size <= limit:
+        return dict(payload)
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    budget = min(_KEPT_BYTES, limit // 4)
+    for name, value in payload.items():
+        cost = len(name) + len(EVENT_ENCODER.encode(value))
+        if cost <= _SMALL_FIELD and cost <= budget:
+            kept[name] = value
+            budget -= cost
+        else:
+            dropped.append(name)
+    listed = [name[:64] for name in dropped[:_LISTED_DROPS]]
+    return {**kept, "debatePayloadTruncated": {
+        "bytes": size, "limit": limit, "dropped": listed, "droppedCount": len(dropped)}}
