@@ -34,7 +34,18 @@ def _load(name: str) -> ModuleType | None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors in one line on stderr, exit code 2, secrets masked."""
+    """Usage errors in one line on stderr, exit code 2, secrets masked; ``--help`` shows every
+    default."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        """Append ``(default: X)`` to an option's help when it has a value default its help does
+        not already state (a flag's False and an unset None are no defaults worth showing)."""
+        text, default = kwargs.get("help"), kwargs.get("default")
+        if (isinstance(text, str) and text != argparse.SUPPRESS and "default" not in text
+                and default is not None and default is not False
+                and default != argparse.SUPPRESS):
+            kwargs["help"] = f"{text} (default: %(default)s)"
+        return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {redact(message)} (see {self.prog} --help)\n")
@@ -44,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="debatebus", description="Multi-agent LLM debates served on Redis and Kafka."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=_Parser)
     for name in _COMMAND_MODULES:
         module = _load(name)
         if module is None:

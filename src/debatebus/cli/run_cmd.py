@@ -8,20 +8,25 @@ prints only the result document, for scripts.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from debatebus.cli.common import positive_int
 from debatebus.engine import Debate, interpret_phi_hat
-from debatebus.engine.definition import PROTOCOLS
+from debatebus.engine.cross_pollination import ROUNDS as CROSS_POLLINATION_ROUNDS
+from debatebus.engine.definition import PROTOCOLS, Judge
+from debatebus.engine.prompts import LANGUAGES
+from debatebus.exceptions import ConfigError
 from debatebus.handlers.results import result_fields, to_builtins
+from debatebus.presets import PRESETS
 from debatebus.schemas import events as ev
 
 if TYPE_CHECKING:
     from debatebus.engine.result import DebateResult
 
-__all__ = ["add_parser", "run"]
+__all__ = ["DebateView", "add_parser", "run", "screen_for"]
 
 _PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red")
 _MODERATOR_COLOUR = "bright_white"
@@ -32,7 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser(
         "run",
         help="run one debate in the terminal",
-        description="Run the demo debate (optimist, critic, pragmatist and a moderator) on TOPIC.",
+        description="Run the demo debate (optimist, critic, pragmatist and a moderator), or a "
+        "preset panel, on TOPIC.",
     )
     parser.add_argument("question", help='what to debate, e.g. "Should we adopt microservices?"')
     parser.add_argument(
@@ -41,8 +47,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="local, openai:MODEL, openai:MODEL@http://host:port/v1, anthropic:MODEL or "
         "scripted:FILE.json (default: $DEBATEBUS_LLM, else local)",
     )
-    parser.add_argument("--protocol", choices=PROTOCOLS, default="round-robin")
-    parser.add_argument("--rounds", type=positive_int, default=2, metavar="N", help="default 2")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="round-robin",
+                        help="the demo debate's protocol (a preset has its own)")
+    parser.add_argument("--preset", choices=list(PRESETS),
+                        help="a ready panel from debatebus.presets instead of the demo debate")
+    parser.add_argument("--language", choices=sorted(LANGUAGES), default="en",
+                        help="language of the shipped prompts (default en)")
+    parser.add_argument("--rounds", type=positive_int, default=2, metavar="N",
+                        help="round cap of a round-robin debate (default 2); cross-pollination "
+                        "always plays 2 (positions, then revisions)")
     parser.add_argument("--judge", action="store_true", help="add a judge that rules each round")
     parser.add_argument("--json", action="store_true", help="print the result document only")
     parser.set_defaults(func=run)
@@ -53,7 +66,16 @@ def _build(args: argparse.Namespace) -> Debate:
     from debatebus.llm.registry import resolve_llm
 
     llm = resolve_llm(args.llm)
-    return build_debate(llm, judge=args.judge, rounds=args.rounds, protocol=args.protocol)
+    if args.preset is not None:
+        debate = Debate.from_preset(args.preset, llm=llm, max_rounds=args.rounds,
+                                    judge=Judge() if args.judge else None, language=args.language)
+    else:
+        debate = build_debate(llm, judge=args.judge, rounds=args.rounds, protocol=args.protocol)
+        debate = dataclasses.replace(debate, language=args.language)
+    if debate.spec.protocol == "cross-pollination" and args.rounds != CROSS_POLLINATION_ROUNDS:
+        raise ConfigError(f"cross-pollination always plays {CROSS_POLLINATION_ROUNDS} rounds "
+                          "(positions, then revisions): --rounds applies to round-robin only")
+    return debate
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -67,13 +89,21 @@ async def run(args: argparse.Namespace) -> int:
         result = await debate.run(args.question)
         print(json.dumps(result_fields(result), indent=2, ensure_ascii=False))
         return 0 if result.ok else 1
-    view = DebateView(debate, _screen(sys.stdout))
+    view = DebateView(debate, screen_for(sys.stdout))
     try:
         result = await debate.run(args.question, on_event=view.on_event)
     finally:
         view.screen.close()
-    view.summary(result)
+    view.summary(result, _stop_rule(debate))
     return 0 if result.ok else 1
+
+
+def _stop_rule(debate: Debate) -> str:
+    """What ends the debate before its round cap, as the outcome line names it."""
+    spec = debate.spec
+    if spec.until is not None:
+        return "its until rule"
+    return "the judge" if spec.judge is not None else "the protocol"
 
 
 # --- screens: where lines go ---------------------------------------------------------------------
@@ -148,7 +178,8 @@ class RichScreen:
         self._spinner.stop()
 
 
-def _screen(out: TextIO) -> Screen:
+def screen_for(out: TextIO) -> Screen:
+    """Where a live view writes: rich on a terminal (when installed), plain lines otherwise."""
     if out.isatty():
         try:
             return RichScreen(out)
@@ -252,7 +283,7 @@ class DebateView:
             return f"{', '.join(pending)} thinking…"
         return f"{pending[0]} is thinking…"
 
-    def summary(self, result: DebateResult) -> None:
+    def summary(self, result: DebateResult, stop_rule: str) -> None:
         screen = self.screen
         if result.synthesis:
             screen.heading("Synthesis")
@@ -263,7 +294,7 @@ class DebateView:
             screen.heading("Verdict")
             screen.note(_verdict_text(to_builtins(result.verdict)))
         screen.heading("Outcome")
-        for line in _outcome_lines(result):
+        for line in _outcome_lines(result, stop_rule):
             screen.note(line)
 
 
@@ -273,11 +304,11 @@ def _verdict_text(verdict: Any) -> str:
     return "\n".join(f"{key}: {value}" for key, value in verdict.items())
 
 
-def _outcome_lines(result: DebateResult) -> list[str]:
+def _outcome_lines(result: DebateResult, stop_rule: str) -> list[str]:
     usage = result.token_usage
     status: str = result.status
     if result.ok:
-        status += " (stopped by the judge)" if result.satisfied else " (round limit reached)"
+        status += f" (stopped by {stop_rule})" if result.satisfied else " (round limit reached)"
     lines = [f"status: {status} in {result.duration_ms / 1000:.1f} s, {len(result.rounds)} rounds"]
     if result.error:
         lines.append(f"error: {result.error}")

@@ -159,6 +159,10 @@ def configure_logging(format: Literal["text", "json"] | str = "text", level: int
 # ---- the observer --------------------------------------------------------------------------------
 
 _QUIET_OUTCOMES: Final = ("completed", "replayed")
+#: Events that report one model call, and every event logged only at DEBUG.
+_CALL_EVENTS: Final = (ev.FramingCompleted, ev.TurnCompleted, ev.SynthesisCompleted,
+                       ev.VerdictReached)
+_DEBUG_EVENTS: Final = frozenset((ev.RoundCompleted, *_CALL_EVENTS))
 
 
 class LoggingObserver(Observer):
@@ -180,17 +184,20 @@ class LoggingObserver(Observer):
         _CURRENT.set(ctx)
 
     def debate_event(self, ctx: RequestContext, event: ev.DebateEvent) -> None:
+        # Called for every event of every debate: the common case (a DEBUG event while DEBUG is
+        # off) is one type test and one cached level check.
+        if type(event) in _DEBUG_EVENTS and not self.log.isEnabledFor(logging.DEBUG):
+            return
         ctx.scratch.setdefault(_DEBATE_ID, event.debate_id)
         if isinstance(event, ev.DebateStarted):
             self._started(ctx, event)
         elif isinstance(event, ev.TurnFailed):
             self._emit(ctx, logging.WARNING, "turn by %s failed in round %d: %s",
                        event.speaker, event.round, _snippet(event.error))
-        elif isinstance(event, ev.RoundCompleted) and self.log.isEnabledFor(logging.DEBUG):
+        elif isinstance(event, ev.RoundCompleted):
             self._emit(ctx, logging.DEBUG, "round %d (%s) completed: %d tokens",
                        event.round, event.phase, event.usage.total_tokens)
-        elif isinstance(event, ev.FramingCompleted | ev.TurnCompleted | ev.SynthesisCompleted
-                        | ev.VerdictReached) and self.log.isEnabledFor(logging.DEBUG):
+        elif isinstance(event, _CALL_EVENTS):
             self._call(ctx, event)
 
     def _started(self, ctx: RequestContext, event: ev.DebateStarted) -> None:

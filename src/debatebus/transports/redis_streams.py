@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
@@ -61,13 +59,22 @@ from debatebus.transports.base import (
     dlq_topic,
 )
 from debatebus.transports.redis_common import (
-    NO_HEADERS,
     ReadTracker,
     build_client,
     check_client,
     describe,
     log,
     redis_call,
+)
+from debatebus.transports.redis_entries import (
+    DELIVERIES_HEADER,
+    ENVELOPE,
+    ORIGIN_ID_HEADER,
+    SETTLE,
+    SETTLE_SHA,
+    entry_to_delivery,
+    message_fields,
+    stream_entries,
 )
 from debatebus.transports.redis_pipeline import CommandBatcher
 
@@ -80,49 +87,7 @@ __all__ = [
     "entry_to_delivery",
 ]
 
-ENVELOPE, KEY, HEADERS = b"envelope", b"key", b"headers"
-ORIGIN_ID_HEADER = "x-debatebus-origin-id"
-DELIVERIES_HEADER = "x-debatebus-deliveries"
-#: Dead-letter fields and the headers they are read back as.
-_DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
-               b"originId": ORIGIN_ID_HEADER, b"deliveries": DELIVERIES_HEADER}
 _RANGE_PAGE = 500
-
-# Settle one entry: publish to the streams KEYS[2..] and XACK KEYS[1], only if the entry is still
-# pending in the group (any consumer's). Returns 1, or 0 when it was settled already (a retried
-# ack whose first reply was lost, or another consumer's ack of an entry both held): then nothing
-# is published. The types are checked before the first write, since Redis does not roll back a
-# script that fails half-way. ARGV: group, entry id, then per output stream: MAXLEN ('' for none),
-# the number of field/value arguments, those arguments.
-# Redis Cluster: a script's keys must share one hash slot, so a request stream, its result streams
-# and its dead-letter stream must be hash-tagged alike there.
-_SETTLE = """
-if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
-for i = 2, #KEYS do
-  local kind = redis.call('TYPE', KEYS[i])['ok']
-  if kind ~= 'stream' and kind ~= 'none' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a stream')
-  end
-end
-local at = 3
-for i = 2, #KEYS do
-  local command = {'XADD', KEYS[i]}
-  if ARGV[at] ~= '' then command[3], command[4], command[5] = 'MAXLEN', '~', ARGV[at] end
-  command[#command + 1] = '*'
-  local count = tonumber(ARGV[at + 1])
-  for j = at + 2, at + 1 + count do command[#command + 1] = ARGV[j] end
-  redis.call(unpack(command))
-  at = at + 2 + count
-end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-return 1
-"""
-_SETTLE_SHA = hashlib.sha1(_SETTLE.encode()).hexdigest()
-
-_encode_headers = msgspec.json.Encoder().encode
-_decode_headers = msgspec.json.Decoder(dict[str, str]).decode
-_encode_fields = msgspec.json.Encoder().encode
-
 
 @dataclass(slots=True, eq=False)
 class _Seat:
@@ -135,65 +100,6 @@ class _Seat:
     inflight: set[str] = field(default_factory=set)
     #: A requeued entry is waiting in the pending list: reclaim without waiting for the timer.
     claim_due: bool = False
-
-
-def entry_to_delivery(topic: str, entry_id: bytes | str, fields: Mapping[bytes, bytes],
-                      deliveries: int = 1, token: Any = None) -> Delivery:
-    """A stream entry as a ``Delivery``; the common one-field entry costs no extra allocation."""
-    ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    body = fields.get(ENVELOPE)
-    if body is not None and len(fields) == 1:
-        return Delivery(topic, body, ident, deliveries, None, NO_HEADERS, token)
-    key = fields.get(KEY)
-    return Delivery(topic, _body_of(fields), ident, deliveries,
-                    key.decode(errors="replace") if key is not None else None,
-                    _headers_of(fields), token)
-
-
-def _body_of(fields: Mapping[bytes, bytes]) -> bytes:
-    body = fields.get(ENVELOPE)
-    if body is not None:
-        return body
-    # Written by a producer that ignores the wire format: hand the worker every field as a JSON
-    # object, so its failure event or dead letter still shows what was sent.
-    return _encode_fields({k.decode(errors="replace"): v.decode(errors="replace")
-                           for k, v in fields.items()})
-
-
-def _headers_of(fields: Mapping[bytes, bytes]) -> Mapping[str, str]:
-    raw = fields.get(HEADERS)
-    headers: dict[str, str] = {}
-    if raw:
-        try:
-            headers = _decode_headers(raw)
-        except msgspec.DecodeError:
-            headers = {"x-debatebus-bad-headers": raw.decode(errors="replace")}
-    for name, header in _DLQ_FIELDS.items():
-        value = fields.get(name)
-        if value is not None:
-            headers[header] = value.decode(errors="replace")
-    return headers or NO_HEADERS
-
-
-def _message_fields(body: bytes, key: str | None, headers: Mapping[str, str]) -> list[Any]:
-    fields: list[Any] = [ENVELOPE, body]
-    if key is not None:
-        fields += (KEY, key)
-    if headers:
-        fields += (HEADERS, _encode_headers(headers if isinstance(headers, dict) else dict(headers)))
-    return fields
-
-
-def _stream_entries(reply: Any) -> Iterable[tuple[Any, Any]]:
-    """XREAD/XREADGROUP replies as (stream, entries), whatever shape the client was built for:
-    a list of pairs (RESP2, and redis-py 8's default of RESP3 with legacy shapes), a dict
-    (``legacy_responses=False``), or a dict of one-element lists (``protocol=3`` given)."""
-    if not reply:
-        return ()
-    if not isinstance(reply, dict):
-        return reply  # type: ignore[no-any-return]
-    return ((name, entries[0] if entries and isinstance(entries[0], list) else entries)
-            for name, entries in reply.items())
 
 
 class RedisStreamsTransport(Transport):
@@ -277,7 +183,7 @@ class RedisStreamsTransport(Transport):
         return ("XADD", topic, *self._trim, "*", *fields)
 
     async def publish(self, message: Outgoing) -> str:
-        command = self._xadd(message.topic, _message_fields(message.body, message.key, message.headers))
+        command = self._xadd(message.topic, message_fields(message.body, message.key, message.headers))
         (entry_id,) = await self._submit_to().submit((command,))
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
@@ -287,7 +193,7 @@ class RedisStreamsTransport(Transport):
         publish nothing. Idempotent: safe to retry after a ``TransportError``. Until it succeeds
         the entry stays held (kept alive): retry it, or ``release`` it."""
         await self._settle(delivery, [(r.topic, self._max_len,
-                                       _message_fields(r.body, r.key, r.headers)) for r in results])
+                                       message_fields(r.body, r.key, r.headers)) for r in results])
 
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
         """``requeue``: let go of the entry now, so the next ``XAUTOCLAIM`` (this consumer's or
@@ -321,21 +227,21 @@ class RedisStreamsTransport(Transport):
         args: list[Any] = [seat.group, delivery.id]
         for _, max_len, fields in outputs:
             args += (max_len, len(fields), *fields)
-        command = ("EVALSHA", _SETTLE_SHA, len(keys), *keys, *args)
+        command = ("EVALSHA", SETTLE_SHA, len(keys), *keys, *args)
         try:
             (settled,) = await self._submit_to().submit((command,))
         except TransportError as e:
             if not isinstance(e.__cause__, NoScriptError):
                 raise
             async with self._call():  # a restarted Redis forgot the script: load it, once
-                await self._redis().script_load(_SETTLE)
+                await self._redis().script_load(SETTLE)
             (settled,) = await self._submit_to().submit((command,))
         seat.inflight.discard(delivery.id)
         if not settled:
             log.debug("%s %s was settled already: nothing published", seat.topic, delivery.id)
 
     def _dead_letter_fields(self, delivery: Delivery, reason: str) -> list[Any]:
-        return [*_message_fields(delivery.body, delivery.key, delivery.headers),
+        return [*message_fields(delivery.body, delivery.key, delivery.headers),
                 b"reason", reason, b"origin", delivery.topic, b"originId", delivery.id,
                 b"deliveries", delivery.deliveries]
 
@@ -418,7 +324,7 @@ class RedisStreamsTransport(Transport):
     def _deliveries(self, seats: list[_Seat], reply: Any) -> list[Delivery]:
         by_name = {seat.topic.encode(): seat for seat in seats} if len(seats) > 1 else None
         out: list[Delivery] = []
-        for name, entries in _stream_entries(reply):
+        for name, entries in stream_entries(reply):
             seat = by_name[name] if by_name is not None else seats[0]
             inflight, topic = seat.inflight, seat.topic
             for entry_id, fields in entries:
@@ -538,7 +444,7 @@ class RedisStreamsTransport(Transport):
                     async with self._call(self._block_ms):
                         reply = await self._redis().xread(
                             last, count=_RANGE_PAGE, block=self._block_ms)  # type: ignore[arg-type]
-                for name, entries in _stream_entries(reply):
+                for name, entries in stream_entries(reply):
                     topic = names[name]
                     for entry_id, fields in entries:
                         last[topic] = entry_id

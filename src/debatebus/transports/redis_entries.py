@@ -1,0 +1,132 @@
+"""Redis stream entries as debatebus sees them: the fields of a message entry and of a dead letter,
+reading an entry back as a ``Delivery``, XREAD replies in any shape, and the settle script that
+publishes results and acks one entry exactly once. No I/O here: ``redis_streams`` sends them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from debatebus.transports.base import ORIGIN_HEADER, REASON_HEADER, Delivery
+from debatebus.transports.redis_common import NO_HEADERS
+
+__all__ = [
+    "DELIVERIES_HEADER",
+    "DLQ_FIELDS",
+    "ENVELOPE",
+    "HEADERS",
+    "KEY",
+    "ORIGIN_ID_HEADER",
+    "SETTLE",
+    "SETTLE_SHA",
+    "body_of",
+    "entry_to_delivery",
+    "headers_of",
+    "message_fields",
+    "stream_entries",
+]
+
+ENVELOPE, KEY, HEADERS = b"envelope", b"key", b"headers"
+ORIGIN_ID_HEADER = "x-debatebus-origin-id"
+DELIVERIES_HEADER = "x-debatebus-deliveries"
+#: Dead-letter fields and the headers they are read back as.
+DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
+               b"originId": ORIGIN_ID_HEADER, b"deliveries": DELIVERIES_HEADER}
+
+# Settle one entry: publish to the streams KEYS[2..] and XACK KEYS[1], only if the entry is still
+# pending in the group (any consumer's). Returns 1, or 0 when it was settled already (a retried
+# ack whose first reply was lost, or another consumer's ack of an entry both held): then nothing
+# is published. The types are checked before the first write, since Redis does not roll back a
+# script that fails half-way. ARGV: group, entry id, then per output stream: MAXLEN ('' for none),
+# the number of field/value arguments, those arguments.
+# Redis Cluster: a script's keys must share one hash slot, so a request stream, its result streams
+# and its dead-letter stream must be hash-tagged alike there.
+SETTLE = """
+if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
+for i = 2, #KEYS do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'stream' and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a stream')
+  end
+end
+local at = 3
+for i = 2, #KEYS do
+  local command = {'XADD', KEYS[i]}
+  if ARGV[at] ~= '' then command[3], command[4], command[5] = 'MAXLEN', '~', ARGV[at] end
+  command[#command + 1] = '*'
+  local count = tonumber(ARGV[at + 1])
+  for j = at + 2, at + 1 + count do command[#command + 1] = ARGV[j] end
+  redis.call(unpack(command))
+  at = at + 2 + count
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+SETTLE_SHA = hashlib.sha1(SETTLE.encode()).hexdigest()
+
+_encode_headers = msgspec.json.Encoder().encode
+_decode_headers = msgspec.json.Decoder(dict[str, str]).decode
+_encode_fields = msgspec.json.Encoder().encode
+
+
+def entry_to_delivery(topic: str, entry_id: bytes | str, fields: Mapping[bytes, bytes],
+                      deliveries: int = 1, token: Any = None) -> Delivery:
+    """A stream entry as a ``Delivery``; the common one-field entry costs no extra allocation."""
+    ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    body = fields.get(ENVELOPE)
+    if body is not None and len(fields) == 1:
+        return Delivery(topic, body, ident, deliveries, None, NO_HEADERS, token)
+    key = fields.get(KEY)
+    return Delivery(topic, body_of(fields), ident, deliveries,
+                    key.decode(errors="replace") if key is not None else None,
+                    headers_of(fields), token)
+
+
+def body_of(fields: Mapping[bytes, bytes]) -> bytes:
+    body = fields.get(ENVELOPE)
+    if body is not None:
+        return body
+    # Written by a producer that ignores the wire format: hand the worker every field as a JSON
+    # object, so its failure event or dead letter still shows what was sent.
+    return _encode_fields({k.decode(errors="replace"): v.decode(errors="replace")
+                           for k, v in fields.items()})
+
+
+def headers_of(fields: Mapping[bytes, bytes]) -> Mapping[str, str]:
+    raw = fields.get(HEADERS)
+    headers: dict[str, str] = {}
+    if raw:
+        try:
+            headers = _decode_headers(raw)
+        except msgspec.DecodeError:
+            headers = {"x-debatebus-bad-headers": raw.decode(errors="replace")}
+    for name, header in DLQ_FIELDS.items():
+        value = fields.get(name)
+        if value is not None:
+            headers[header] = value.decode(errors="replace")
+    return headers or NO_HEADERS
+
+
+def message_fields(body: bytes, key: str | None, headers: Mapping[str, str]) -> list[Any]:
+    fields: list[Any] = [ENVELOPE, body]
+    if key is not None:
+        fields += (KEY, key)
+    if headers:
+        fields += (HEADERS, _encode_headers(headers if isinstance(headers, dict) else dict(headers)))
+    return fields
+
+
+def stream_entries(reply: Any) -> Iterable[tuple[Any, Any]]:
+    """XREAD/XREADGROUP replies as (stream, entries), whatever shape the client was built for:
+    a list of pairs (RESP2, and redis-py 8's default of RESP3 with legacy shapes), a dict
+    (``legacy_responses=False``), or a dict of one-element lists (``protocol=3`` given)."""
+    if not reply:
+        return ()
+    if not isinstance(reply, dict):
+        return reply  # type: ignore[no-any-return]
+    return ((name, entries[0] if entries and isinstance(entries[0], list) else entries)
+            for name, entries in reply.items())
