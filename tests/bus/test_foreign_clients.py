@@ -46,6 +46,9 @@ async def test_redis_cli_request_and_result_on_streams(redis_server: Any) -> Non
 
 
 async def test_synkro_wire_on_pubsub_with_redis_cli(redis_server: Any) -> None:
+    """A debate without moderator, as Synkro's ``createDebate(...).asHandler()`` answers it: no
+    ``debateSynthesis`` key (Synkro leaves it out when there is none), the output the last
+    round's texts joined by a blank line. The full Synkro wire is tested in tests/synkro/."""
     event_type = f"debate:synkro{uuid.uuid4().hex[:6]}"
     port = _port(redis_server.url)
     url = redis_server.url.replace("redis://", "redis+pubsub://")
@@ -53,8 +56,9 @@ async def test_synkro_wire_on_pubsub_with_redis_cli(redis_server: Any) -> None:
         subprocess.Popen,
         ["redis-cli", "-p", str(port), "--raw", "SUBSCRIBE", f"event:{event_type}:completed"],
         stdout=subprocess.PIPE, text=True)
+    app = app_for(url, event_type, handler_options={"debate": {"moderator": None}})
     try:
-        async with running(app_for(url, event_type)):
+        async with running(app):
             envelope = json.dumps({"requestId": "synkro-1", "payload": {"input": "Adopt Kafka?"}})
             for _ in range(100):  # at-most-once: repeat until the worker has subscribed
                 if int(await asyncio.to_thread(redis_cli, port, "PUBLISH", event_type, envelope)):
@@ -65,9 +69,13 @@ async def test_synkro_wire_on_pubsub_with_redis_cli(redis_server: Any) -> None:
         listener.kill()
     result = json.loads(line)
     assert result["requestId"] == "synkro-1"
-    assert result["payload"]["debateStatus"] == "completed"
-    assert set(result["payload"]) >= {"debateOutput", "debateSynthesis", "debateRounds",
-                                      "debateStatus", "debateTokenUsage"}  # Synkro's names
+    payload = result["payload"]
+    assert payload["debateStatus"] == "completed"
+    assert set(payload) >= {"debateOutput", "debateRounds", "debateStatus",
+                            "debateTokenUsage"}  # Synkro's names
+    assert "debateSynthesis" not in payload
+    last = payload["debateTranscript"][-1]["turns"]
+    assert payload["debateOutput"] == "\n\n".join(t["text"] for t in last)
 
 
 def _first_json_line(proc: subprocess.Popen[str]) -> str:

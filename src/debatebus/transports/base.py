@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Final, Literal, Self
 
 from debatebus.exceptions import NotSupportedError
+from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
 __all__ = [
     "HEARTBEAT_STREAM_MAXLEN",
@@ -92,6 +93,12 @@ class Transport(abc.ABC):
 
     #: How this transport's ``read_range`` takes positions.
     position_kind: ClassVar[PositionKind] = "entry-id"
+
+    @property
+    def dialect(self) -> WireDialect:
+        """The rules its peers expect requests settled by: debatebus's own, unless the
+        transport declares another (Redis pub/sub: Synkro's). See ``transports.dialect``."""
+        return DEBATEBUS_WIRE
 
     async def __aenter__(self) -> Self:
         await self.connect()

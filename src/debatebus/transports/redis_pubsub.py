@@ -1,20 +1,26 @@
-"""Redis pub/sub transport (``redis+pubsub://``): exactly Synkro's wire, so Synkro apps and
-debatebus apps talk to each other.
+"""Redis pub/sub transport (``redis+pubsub://``): Synkro's wire, so a debatebus worker is one
+member of a Synkro fleet (Synkro apps and debatebus apps publish, answer and watch each other).
 
 Wire format: ``PUBLISH`` on the channel named by the event type; the message is the JSON envelope
 bytes and nothing else (a message's ``key`` and ``headers`` are not transmitted: they live inside
-the envelope).
+the envelope). The transport declares Synkro's dialect (``debatebus.transports.synkro``): lock
+and dedupe keys, metrics counters, the dead-letter list, result and event shapes, as Synkro's own
+handlers; ``synkro=None`` keeps debatebus's own rules instead.
 
 **Pub/sub is at-most-once.** Redis keeps nothing: a request published while no worker is
-subscribed is gone, a worker that dies mid-debate loses the request, and every subscriber gets
-every message — ``consume`` ignores ``group``, so two workers on one channel both answer each
-request. Use Redis Streams (``redis://``) when requests must not be lost or answered twice.
+subscribed is gone, and a worker that dies mid-debate loses the request (its lock expires after
+the lock TTL; the same requestId published again is then answered). Every subscriber gets every
+message (``consume`` ignores ``group``): with Synkro's dialect the lock and dedupe keys make one
+of them answer; without it, every worker answers. Use Redis Streams (``redis://``) when requests
+must not be lost.
 
-Dead letters are the exception: they must never be lost, so ``reject`` writes them to the Redis
-*stream* ``{type}:dlq`` in the Streams transport's format (see ``redis_streams``), and
-``publish``/``subscribe`` on a ``…:dlq`` topic use that stream too. ``reject(requeue=True)`` and
-``release`` hand the message back to ``consume`` on the same topics, in this process only (kept
-across a ``consume`` that failed and was called again).
+Dead letters of debatebus (a message whose requestId cannot be read, or delivered too often) must
+never be lost, so ``reject`` writes them to the Redis *stream* ``{type}:dlq`` in the Streams
+transport's format (see ``redis_streams``), and ``publish``/``subscribe`` on a ``…:dlq`` topic
+use that stream too. (Synkro's dead-letter list ``synkro:dlq:{type}`` holds failed requests: see
+the dialect.) ``reject(requeue=True)`` and ``release`` hand the message back to ``consume`` on
+the same topics, in this process only (kept across a ``consume`` that failed and was called
+again).
 
 Outages: ``consume`` raises ``TransportError`` when the connection is lost for good or Redis stops
 answering (a quiet subscription is checked with ``PING`` after ``command_timeout / 2``); calling
@@ -37,6 +43,7 @@ from redis.asyncio.client import PubSub
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport, heartbeat_key
+from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 from debatebus.transports.redis_common import (
     NO_HEADERS,
     ReadTracker,
@@ -47,6 +54,7 @@ from debatebus.transports.redis_common import (
 )
 from debatebus.transports.redis_pipeline import CommandBatcher
 from debatebus.transports.redis_streams import RedisStreamsTransport
+from debatebus.transports.synkro import SYNKRO_DEFAULTS, SynkroDialect, SynkroSettings
 
 __all__ = ["RedisPubSubTransport"]
 
@@ -58,16 +66,18 @@ def _is_dlq(topic: str) -> bool:
 
 
 class RedisPubSubTransport(Transport):
-    """Synkro-compatible Redis pub/sub; see the module docstring for what it does not promise.
+    """Redis pub/sub speaking Synkro's wire; see the module docstring for what it does not promise.
 
     ``client``: an existing ``redis.asyncio.Redis`` (built with ``decode_responses=False``) to
     use instead of building one from ``url``; it is left open by ``close``. ``poll_ms`` bounds
-    how long a listener waits before noticing ``close`` or a requeued message.
+    how long a listener waits before noticing ``close`` or a requeued message. ``synkro``:
+    Synkro's lock, dedupe and metrics TTLs and dead-letter switch (``SynkroSettings``, Synkro's
+    defaults); None for debatebus's own rules on this channel (every worker answers).
     """
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, connect_timeout: float = 5.0,
                  command_timeout: float = 10.0, client: Redis | None = None,
-                 poll_ms: int = 100) -> None:
+                 poll_ms: int = 100, synkro: SynkroSettings | None = SYNKRO_DEFAULTS) -> None:
         if client is not None:
             check_client(client)
         self._url = url
@@ -84,6 +94,12 @@ class RedisPubSubTransport(Transport):
         #: Requeued and released deliveries by the topics consumed, waiting to be handed out again.
         self._requeued: dict[tuple[str, ...], deque[Delivery]] = {}
         self._closed = False
+        self._synkro = (SynkroDialect(synkro, lambda: self._parts()[1])
+                        if synkro is not None else None)
+
+    @property
+    def dialect(self) -> WireDialect:
+        return self._synkro if self._synkro is not None else DEBATEBUS_WIRE
 
     async def connect(self) -> None:
         if self._batcher is not None:
@@ -144,11 +160,16 @@ class RedisPubSubTransport(Transport):
         return ""
 
     async def ack(self, delivery: Delivery, results: Sequence[Outgoing] = ()) -> None:
-        """Publish ``results``; there is nothing to acknowledge on pub/sub."""
+        """Publish ``results``, then (a delivery claimed under Synkro's dialect) mark it answered,
+        count it and let its lock go, in the same pipeline; nothing else to acknowledge."""
         _, batcher, dead = self._parts()
-        channel = [("PUBLISH", r.topic, r.body) for r in results if not _is_dlq(r.topic)]
-        if channel:
-            await batcher.submit(channel)
+        commands = [("PUBLISH", r.topic, r.body) for r in results if not _is_dlq(r.topic)]
+        if self._synkro is not None:
+            commands += self._synkro.settle_commands(delivery, results)
+        if commands:
+            await batcher.submit(commands)
+        if self._synkro is not None:
+            self._synkro.settled(delivery)
         for result in results:
             if _is_dlq(result.topic):
                 await dead.publish(result)
@@ -157,13 +178,18 @@ class RedisPubSubTransport(Transport):
         _, _, dead = self._parts()
         if not requeue:
             await dead.dead_letter(delivery, reason)
+            if self._synkro is not None:
+                self._synkro.let_go(delivery)
             return
         if not isinstance(delivery.token, deque):
             raise ConfigError("reject(requeue=True) takes deliveries from consume()")
         self.release(delivery)
 
     def release(self, delivery: Delivery) -> None:
-        """Hand the message out again from ``consume``, counted: Redis kept no copy of it."""
+        """Hand the message out again from ``consume``, counted: Redis kept no copy of it. Its
+        Synkro lock, if it holds one, is let go, so the copy handed out can claim it again."""
+        if self._synkro is not None:
+            self._synkro.let_go(delivery)
         if isinstance(delivery.token, deque):
             delivery.token.append(Delivery(delivery.topic, delivery.body, delivery.id,
                                            delivery.deliveries + 1, delivery.key,
