@@ -54,7 +54,7 @@ class Figures:
 
     def lines(self) -> list[str]:
         wall = sum(self.seconds)
-        per = statistics.mean(self.seconds)
+        per = statistics.median(self.seconds)
         spread = (
             f" (min {min(self.seconds):.1f}, max {max(self.seconds):.1f})"
             if len(self.seconds) > 1
@@ -63,7 +63,7 @@ class Figures:
         return [
             f"{self.label}",
             f"  single 128-token generation : {self.generation_tps:6.1f} completion tokens/s",
-            f"  seconds per debate          : {per:6.1f}{spread} over {len(self.seconds)} debates",
+            f"  seconds per debate (median) : {per:6.1f}{spread} over {len(self.seconds)} debates",
             f"  debate throughput           : {self.completion_tokens / wall:6.1f} completion tokens/s, "
             f"{self.total_tokens / wall:6.1f} total tokens/s",
             f"  per debate                  : {self.calls / len(self.seconds):.0f} calls, "

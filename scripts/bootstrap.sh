@@ -37,13 +37,9 @@ case "$what" in
     ensure_venv
     python -m pip install -q -e ".[redis,cli,fast]"
     bash scripts/install-local-model.sh
-    # A private Redis for the demo unless one answers on the default port.
-    if redis-cli -p 6379 ping >/dev/null 2>&1; then
-      broker="redis://127.0.0.1:6379/0"
-    else
-      broker="memory://"
-    fi
-    exec python -m debatebus demo --broker "$broker" "${2:-Should we adopt microservices?}"
+    # In memory, unless the user names a broker in DEBATEBUS_BROKER (the demo then asks and
+    # answers on its own event type and group, so it never touches real traffic there).
+    exec python -m debatebus demo "${2:-Should we adopt microservices?}"
     ;;
   test)
     ensure_system_packages

@@ -11,9 +11,15 @@ from debatebus.cli.common import broker_url
 from debatebus.engine import Debate, Judge, Participant
 from debatebus.engine.definition import Protocol
 from debatebus.llm.base import LLM
-from debatebus.worker import DebateBus
+from debatebus.worker import DEFAULT_GROUP, DebateBus
 
-__all__ = ["DEMO_WORD_LIMITS", "app", "build_app", "build_debate"]
+__all__ = ["DEMO_EVENT_TYPE", "DEMO_GROUP", "DEMO_WORD_LIMITS", "app", "build_app", "build_debate",
+           "serve"]
+
+#: Where ``debatebus demo`` asks and answers, so that it never consumes or answers real traffic on
+#: a shared broker (``debatebus worker debatebus.demo:app`` serves ``debate:request`` on purpose).
+DEMO_EVENT_TYPE = "debatebus:demo:request"
+DEMO_GROUP = "debatebus-demo"
 
 # Short turns keep a small model on topic (and a 3 × 2 debate with a judge fast): each limit is
 # asked for in the prompt and enforced by the call's token budget.
@@ -40,12 +46,18 @@ def build_debate(llm: LLM, *, judge: bool = True, rounds: int = 2,
     )
 
 
+def serve(debate: Debate, broker: str | None = None, *, event_type: str = "debate:request",
+          group: str = DEFAULT_GROUP) -> DebateBus:
+    """A worker app answering ``event_type`` with ``debate``, in consumer group ``group``."""
+    bus = DebateBus(broker_url(broker), group=group)
+    bus.subscribe(event_type, debate.as_handler())
+    return bus
+
+
 def build_app(broker: str | None = None, *, llm_spec: str | None = None) -> DebateBus:
     from debatebus.llm.registry import resolve_llm
 
-    bus = DebateBus(broker_url(broker))
-    bus.subscribe("debate:request", build_debate(resolve_llm(llm_spec)).as_handler())
-    return bus
+    return serve(build_debate(resolve_llm(llm_spec)), broker)
 
 
 def app() -> DebateBus:

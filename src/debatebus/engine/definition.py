@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field, fields
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from debatebus.engine.prompts import (
-    CROSS_POLLINATION_PROMPTS,
-    DEFAULT_PROMPTS,
+    ENGLISH,
+    Language,
     Prompts,
+    SynthesisSections,
+    language_named,
     validate_template,
     word_limit_text,
 )
@@ -19,7 +21,9 @@ from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
 
 if TYPE_CHECKING:
+    from debatebus.engine.debate import DebateMetrics
     from debatebus.engine.result import DebateState
+    from debatebus.engine.subdebates import SubDebates
 
 __all__ = [
     "DEFAULT_WORD_LIMITS",
@@ -29,6 +33,7 @@ __all__ = [
     "DebateSpec",
     "FailurePolicy",
     "Judge",
+    "OnMetrics",
     "Participant",
     "Protocol",
     "Until",
@@ -44,10 +49,7 @@ DEFAULT_WORD_LIMITS: Mapping[str, Mapping[str, int]] = {
     "round-robin": {},
     "cross-pollination": {"position": 60, "revision": 150, "synthesis": 380, "audience": 120},
 }
-DEFAULT_JUDGE_PROMPT = (
-    "You are an impartial debate judge. You decide whether the participants agree, summarize the "
-    "state of the debate and name a winner only when one argument clearly prevails."
-)
+DEFAULT_JUDGE_PROMPT = ENGLISH.judge_persona
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,10 @@ class Participant:
 
 class Verdict(BaseModel):
     """The default judge ruling. Custom schemas need ``consensus: bool`` unless ``until`` is given."""
+
+    # What the judge model reads as the schema's description (the docstring is for developers:
+    # a small model copied it into its summary).
+    model_config = ConfigDict(json_schema_extra={"description": "The judge's ruling on the debate."})
 
     consensus: bool
     summary: str
@@ -91,13 +97,18 @@ class Budget:
 
 
 Until = Callable[["DebateState"], bool]
+OnMetrics = Callable[["DebateMetrics"], Awaitable[None] | None]
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
 class DebateSpec:
     """The validated, immutable definition a ``Debate`` runs: its fields are ``Debate(...)``'s
     arguments, declared here only. ``prompts``/``word_limits`` are kept as given; ``templates`` and
-    ``limits`` are them merged over the protocol's defaults."""
+    ``limits`` are them merged over the protocol's defaults (in ``language``, with the synthesis
+    shaped by ``synthesis_sections``). A judge with the shipped persona gets it in ``language``.
+    ``on_metrics`` is called once at the end of each run with its ``DebateMetrics``.
+    ``sub_debates`` (cross-pollination only) lets a 1b position ask a specialist panel: see
+    ``debatebus.engine.subdebates`` and docs/sub-debates.md."""
 
     name: str
     participants: Sequence[Participant]
@@ -116,21 +127,36 @@ class DebateSpec:
     audience: str | None = None
     budget: Budget | None = None
     deadline_s: float | None = None
+    language: str = "en"
+    synthesis_sections: SynthesisSections | None = None
+    on_metrics: OnMetrics | None = None
+    sub_debates: SubDebates | None = None
     # Derived once here rather than on every call of every run.
+    lang: Language = field(init=False)
     templates: Prompts = field(init=False)
     limits: Mapping[str, int] = field(init=False)
     participant_names: str = field(init=False)
     word_limit_texts: Mapping[str, str] = field(init=False)
+    utility_texts: Mapping[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
+        lang = language_named(self.language)
         limits = {**DEFAULT_WORD_LIMITS.get(self.protocol, {}), **(self.word_limits or {})}
-        base = CROSS_POLLINATION_PROMPTS if self.protocol == "cross-pollination" else DEFAULT_PROMPTS
+        _check_sections(self)
+        _check_sub_debates(self)
+        base = lang.defaults(self.protocol, self.synthesis_sections, self.sub_debates is not None)
         derived = {
+            "lang": lang,
             "participants": tuple(self.participants),
+            "judge": _judge_in(lang, self.judge),
             "templates": (self.prompts or Prompts()).merged_over(base),
             "limits": limits,
             "participant_names": ", ".join(p.name for p in self.participants),
-            "word_limit_texts": {phase: word_limit_text(limits, phase) for phase in limits},
+            "word_limit_texts": {phase: word_limit_text(limits, phase, lang) for phase in limits},
+            "utility_texts": {
+                p.name: lang.utility_text(p.utility.maximizes, p.utility.penalizes)
+                for p in self.participants if p.utility is not None
+            },
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -150,13 +176,42 @@ class DebateSpec:
         if self.moderator is not None:
             return self.moderator
         if self.protocol == "cross-pollination" and self.llm is not None:
-            return Participant("synthesis", "You synthesize debates neutrally.")
+            return Participant("synthesis", self.lang.synthesis_persona)
         return None
 
     @property
     def audience_speaker(self) -> Participant:
         chosen = self.moderator or self.synthesizer
-        return chosen or Participant("audience", "You model the audience of a debate.")
+        return chosen or Participant("audience", self.lang.audience_persona)
+
+
+def _judge_in(lang: Language, judge: Judge | None) -> Judge | None:
+    """The judge, its shipped persona in ``lang``; a persona of the user's own is kept."""
+    if judge is None or judge.system_prompt != DEFAULT_JUDGE_PROMPT:
+        return judge
+    return replace(judge, system_prompt=lang.judge_persona)
+
+
+def _check_sections(spec: DebateSpec) -> None:
+    """Sections shape the shipped synthesis prompt: refuse them where they would shape nothing."""
+    if spec.synthesis_sections is None:
+        return
+    if spec.prompts is not None and spec.prompts.synthesis is not None:
+        raise ConfigError(
+            "synthesis_sections shape the shipped synthesis prompt, which prompts.synthesis "
+            "replaces: write the structure into your template, or drop one of the two"
+        )
+    if spec.protocol == "round-robin" and spec.synthesizer is None and spec.moderator is None:
+        raise ConfigError(
+            "synthesis_sections shape the synthesis, and this round-robin debate writes none: "
+            "pass synthesizer=… or moderator=… to Debate"
+        )
+
+
+def _check_sub_debates(spec: DebateSpec) -> None:
+    if spec.sub_debates is not None and spec.protocol != "cross-pollination":
+        raise ConfigError("sub_debates are asked for in cross-pollination's round 1b: pass "
+                          'protocol="cross-pollination", or drop sub_debates')
 
 
 def validate(spec: DebateSpec) -> None:
