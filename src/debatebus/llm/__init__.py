@@ -11,11 +11,19 @@ from typing import TYPE_CHECKING, Any
 
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, Message, model_name
 from debatebus.llm.fakes import FunctionLLM, ScriptedLLM
+from debatebus.llm.ratelimit import (
+    MemoryRateLimiter,
+    RateLimit,
+    RateLimitedLLM,
+    RateLimiter,
+    with_rate_limits,
+)
 
 if TYPE_CHECKING:
     from debatebus.llm.anthropic_llm import AnthropicLLM
     from debatebus.llm.local import LocalLLM
     from debatebus.llm.openai_compat import OpenAICompatibleLLM
+    from debatebus.llm.ratelimit_redis import RedisRateLimiter
     from debatebus.llm.registry import resolve_llm
 
 __all__ = [
@@ -26,11 +34,17 @@ __all__ = [
     "LLMRequest",
     "LLMResponse",
     "LocalLLM",
+    "MemoryRateLimiter",
     "Message",
     "OpenAICompatibleLLM",
+    "RateLimit",
+    "RateLimitedLLM",
+    "RateLimiter",
+    "RedisRateLimiter",
     "ScriptedLLM",
     "model_name",
     "resolve_llm",
+    "with_rate_limits",
 ]
 
 ALLOW_MODEL_REQUESTS = True
@@ -42,6 +56,7 @@ _LAZY = {
     "OpenAICompatibleLLM": "debatebus.llm.openai_compat",
     "AnthropicLLM": "debatebus.llm.anthropic_llm",
     "LocalLLM": "debatebus.llm.local",
+    "RedisRateLimiter": "debatebus.llm.ratelimit_redis",
     "resolve_llm": "debatebus.llm.registry",
 }
 

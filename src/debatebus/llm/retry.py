@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import random
+import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -34,7 +36,9 @@ __all__ = [
     "call_with_retries",
     "failure_for_status",
     "map_sdk_error",
+    "parse_rate_limit_reset",
     "parse_retry_after",
+    "reporting_rate_limits",
 ]
 
 T = TypeVar("T")
@@ -120,6 +124,75 @@ def parse_retry_after(
     return max((when - (now or datetime.now(UTC))).total_seconds(), 0.0)
 
 
+# Headers of a provider's rate limits: (remaining, when it refills). OpenAI writes the reset as a
+# duration ("6m0s", "20ms"; a bare number is seconds), Anthropic as an RFC 3339 time.
+_RESET_HEADERS = (
+    ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+    ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+    ("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset"),
+    ("anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset"),
+    ("anthropic-ratelimit-input-tokens-remaining", "anthropic-ratelimit-input-tokens-reset"),
+    ("anthropic-ratelimit-output-tokens-remaining", "anthropic-ratelimit-output-tokens-reset"),
+)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s|)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _reset_seconds(value: str, now: datetime) -> float | None:
+    parts = _DURATION.findall(value)
+    if parts and "".join(number + unit for number, unit in parts) == value.strip():
+        return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max((when - now).total_seconds(), 0.0)
+
+
+def parse_rate_limit_reset(
+    headers: Mapping[str, str] | None, *, now: datetime | None = None
+) -> float | None:
+    """Seconds until an exhausted rate limit refills: the longest reset among the limits whose
+    ``x-ratelimit-remaining-*`` (OpenAI) or ``anthropic-ratelimit-*-remaining`` header is 0; None
+    when no limit is reported exhausted."""
+    if not headers:
+        return None
+    now = now or datetime.now(UTC)
+    waits = []
+    for remaining, reset in _RESET_HEADERS:
+        value = headers.get(reset)
+        if headers.get(remaining, "").strip() == "0" and value:
+            seconds = _reset_seconds(value, now)
+            if seconds is not None:
+                waits.append(seconds)
+    return max(waits, default=None)
+
+
+RateLimitReporter = Callable[[float], Awaitable[None]]
+_rate_limit_reporter: contextvars.ContextVar[RateLimitReporter | None] = contextvars.ContextVar(
+    "debatebus_rate_limit_reporter", default=None)
+
+
+@contextlib.contextmanager
+def reporting_rate_limits(report: RateLimitReporter) -> Iterator[None]:
+    """Within this block, ``call_with_retries`` awaits ``report(seconds)`` each time a provider
+    says its rate limit stays exhausted for ``seconds`` (``ProviderFailure.pause``), before waiting
+    to retry. ``RateLimitedLLM`` passes its limiter's ``penalize``, so the whole fleet waits."""
+    token = _rate_limit_reporter.set(report)
+    try:
+        yield
+    finally:
+        _rate_limit_reporter.reset(token)
+
+
+async def _report_pause(failure: ProviderFailure) -> None:
+    report = _rate_limit_reporter.get()
+    if report is not None and failure.pause is not None:
+        await report(failure.pause)
+
+
 async def _asyncio_sleep(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
@@ -184,6 +257,9 @@ class ProviderFailure:
     cause: BaseException
     retryable: bool = False
     retry_after: float | None = None
+    # A 429's seconds until the provider's limit refills (Retry-After, else x-ratelimit-* reset):
+    # what a shared rate limiter pauses every caller for.
+    pause: float | None = None
 
 
 Classifier = Callable[[BaseException], ProviderFailure | None]
@@ -202,7 +278,8 @@ def failure_for_status(
     retry_after = parse_retry_after(headers)
     if status == 429:
         error: LLMError = LLMRateLimitError(f"{prefix} rate limited: {detail}")
-        return ProviderFailure(error, cause, retryable=True, retry_after=retry_after)
+        pause = retry_after if retry_after is not None else parse_rate_limit_reset(headers)
+        return ProviderFailure(error, cause, retryable=True, retry_after=retry_after, pause=pause)
     if status == 408:
         return ProviderFailure(LLMTimeoutError(f"{prefix} request timeout: {detail}"), cause, True)
     if status >= 500:
@@ -298,6 +375,7 @@ async def call_with_retries(
             if classified is None:
                 raise
             failure = classified
+        await _report_pause(failure)
         await policy.sleep(_next_delay(model, policy, budget, number, failure, redactor))
 
 

@@ -1,0 +1,166 @@
+"""``RedisRateLimiter``: one token bucket in Redis, shared by every worker using the same limit.
+
+Keys, hash-tagged by the limit's name so that both live in one Redis Cluster slot::
+
+    {prefix}:{ratelimit:<name>}:bucket   hash  rq, tk (request and token levels), ts (last refill,
+                                               ms of Redis's clock), bu (nobody is granted before)
+    {prefix}:{ratelimit:<name>}:holders  zset  concurrency slots: holder → lease expiry (ms)
+
+One Lua script makes every change, on Redis's own clock (``TIME``), so workers' clocks may
+disagree. The bucket key expires when it would have refilled anyway; a slot whose holder died
+frees itself after ``lease_s``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from debatebus.llm.ratelimit import (
+    CONCURRENCY_POLL_S,
+    Permit,
+    RateLimit,
+    RateLimiter,
+    WaitObserver,
+)
+from debatebus.transports.redis_common import build_client, check_client, describe, redis_call
+
+__all__ = ["RedisRateLimiter"]
+
+# ARGV: op, request rate (per ms), request capacity, token rate (per ms), token capacity,
+# max_concurrent (0: none), then the op's own arguments. Replies with the ms worth waiting
+# (a string, to keep the fraction), "0" when granted or done.
+_SCRIPT = """
+local bucket, holders = KEYS[1], KEYS[2]
+local op = ARGV[1]
+local req_rate, req_cap = tonumber(ARGV[2]), tonumber(ARGV[3])
+local tok_rate, tok_cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_conc = tonumber(ARGV[6])
+if op == 'release' then
+  redis.call('ZREM', holders, ARGV[7])
+  return '0'
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local s = redis.call('HMGET', bucket, 'rq', 'tk', 'ts', 'bu')
+local elapsed = math.max(now - (tonumber(s[3]) or now), 0)
+local rq = math.min(req_cap, (tonumber(s[1]) or req_cap) + elapsed * req_rate)
+local tk = math.min(tok_cap, (tonumber(s[2]) or tok_cap) + elapsed * tok_rate)
+local bu = tonumber(s[4]) or 0
+local function save()
+  local ms = math.max(bu - now, 0)
+  if req_rate > 0 then ms = math.max(ms, (req_cap - rq) / req_rate) end
+  if tok_rate > 0 then ms = math.max(ms, (tok_cap - tk) / tok_rate) end
+  redis.call('HSET', bucket, 'rq', tostring(rq), 'tk', tostring(tk), 'ts', tostring(now),
+             'bu', tostring(bu))
+  redis.call('PEXPIRE', bucket, math.ceil(ms) + 1000)
+end
+if op == 'settle' then
+  tk = math.min(tok_cap, tk - tonumber(ARGV[7]))
+  save()
+  return '0'
+end
+if op == 'penalize' then
+  bu = math.max(bu, now + tonumber(ARGV[7]))
+  save()
+  return '0'
+end
+local holder, lease = ARGV[7], tonumber(ARGV[8])
+local need_req, need_tok = tonumber(ARGV[9]), tonumber(ARGV[10])
+local wait = math.max(bu - now, 0)
+if req_rate > 0 and rq < math.min(need_req, req_cap) then
+  wait = math.max(wait, (math.min(need_req, req_cap) - rq) / req_rate)
+end
+if tok_rate > 0 and tk < math.min(need_tok, tok_cap) then
+  wait = math.max(wait, (math.min(need_tok, tok_cap) - tk) / tok_rate)
+end
+if max_conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+  if redis.call('ZCARD', holders) >= max_conc then
+    wait = math.max(wait, tonumber(ARGV[11]))
+  end
+end
+if wait > 0 then
+  return tostring(wait)
+end
+rq = rq - need_req
+tk = tk - need_tok
+save()
+if max_conc > 0 then
+  redis.call('ZADD', holders, now + lease, holder)
+  redis.call('PEXPIRE', holders, lease)
+end
+return '0'
+"""
+
+
+class RedisRateLimiter(RateLimiter):
+    """A limit shared through Redis (a URL, or a ``redis.asyncio.Redis`` built with
+    ``decode_responses=False`` that the caller keeps owning) by every limiter with the same
+    ``prefix`` and ``name``. Each call is bounded by ``timeout_s``; Redis errors raise
+    ``TransportError``.
+
+    ``lease_s`` bounds how long a ``max_concurrent`` slot outlives a worker that died holding it
+    (keep it above the longest model call). A wait cancelled while its ask is in flight may leave
+    its budget taken and its slot held until the lease ends."""
+
+    def __init__(self, url_or_client: str | Redis, name: str, limit: RateLimit, *,
+                 prefix: str = "debatebus", on_wait: WaitObserver | None = None,
+                 lease_s: float = 300.0, connect_timeout: float = 5.0,
+                 timeout_s: float = 5.0) -> None:
+        super().__init__(name, limit, on_wait=on_wait)
+        if isinstance(url_or_client, str):
+            self._url: str | None = url_or_client
+            self._given: Redis | None = None
+        else:
+            check_client(url_or_client)
+            self._url, self._given = None, url_or_client
+        self._where = describe(self._url, self._given)
+        self._connect_timeout = connect_timeout
+        self.timeout_s = timeout_s
+        self._lease_ms = max(math.ceil(lease_s * 1000), 1)
+        tag = f"{prefix}:{{ratelimit:{name}}}"
+        self.keys = (f"{tag}:bucket", f"{tag}:holders")
+        self._config = (
+            limit.rate(limit.requests_per_minute) / 1000.0,
+            limit.capacity(limit.requests_per_minute),
+            limit.rate(limit.tokens_per_minute) / 1000.0,
+            limit.capacity(limit.tokens_per_minute),
+            limit.max_concurrent or 0,
+        )
+        self._client: Redis | None = None
+        self._script: AsyncScript | None = None
+
+    def _connection(self) -> AsyncScript:
+        if self._script is None:
+            self._client = self._given or build_client(
+                self._url or "", connect_timeout=self._connect_timeout)
+            self._script = self._client.register_script(_SCRIPT)  # EVALSHA, loading it if missing
+        return self._script
+
+    async def _run(self, op: str, *args: float | int | str) -> float:
+        """One script call: milliseconds worth waiting (0 when done) → seconds."""
+        script = self._connection()
+        async with redis_call(self._where, self.timeout_s):
+            reply = await script(keys=self.keys, args=(op, *self._config, *args))
+        return float(reply) / 1000.0
+
+    async def _try_acquire(self, permit: Permit, requests: int) -> float:
+        return await self._run("acquire", permit.holder, self._lease_ms, requests, permit.tokens,
+                               CONCURRENCY_POLL_S * 1000.0)
+
+    async def _adjust_tokens(self, delta: int) -> None:
+        await self._run("settle", delta)
+
+    async def _release(self, permit: Permit) -> None:
+        await self._run("release", permit.holder)
+
+    async def penalize(self, seconds: float) -> None:
+        await self._run("penalize", max(seconds, 0.0) * 1000.0)
+
+    async def close(self) -> None:
+        client, self._client, self._script = self._client, None, None
+        if client is not None and self._given is None:
+            await client.aclose()
