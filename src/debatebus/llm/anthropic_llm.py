@@ -142,6 +142,7 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
                 max_tokens=max_tokens,
                 messages=messages,
                 system=request.system or anthropic.omit,
+                stop_sequences=list(request.stop) or anthropic.omit,
                 extra_body=extra or None,
             )
             return _to_completion(message, self._model)

@@ -47,6 +47,8 @@ StructuredMode = Literal["auto", "json_schema", "json_object", "instructions"]
 _MODES: tuple[StructuredMode, ...] = ("auto", "json_schema", "json_object", "instructions")
 # What "auto" tries, best first, stepping down when a server rejects a response_format.
 _LADDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "instructions")
+# OpenAI's Chat Completions API takes at most 4 stop sequences; the engine cuts turns itself too.
+MAX_STOP_SEQUENCES = 4
 
 
 def _error_detail(exc: openai.APIError) -> str:
@@ -288,6 +290,8 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
             # OpenAI's reasoning models reject max_tokens; most other servers only know max_tokens.
             name = "max_completion_tokens" if is_paid_url(self._base_url) else "max_tokens"
             params[name] = max_tokens
+        if request.stop:
+            params["stop"] = list(request.stop[:MAX_STOP_SEQUENCES])
         return params
 
     async def _send(
