@@ -7,6 +7,11 @@ drain timeout, or a broker error inside the handler leave a delivery unsettled: 
 (``Transport.release``), so the broker hands it out again — on Redis Streams to any consumer once
 ``claim_idle_ms`` has passed, on Kafka from this same consumer at once. Keeping held deliveries
 alive meanwhile is the transport's job. The worker (``debatebus.worker``) owns the lifecycle.
+
+Where the transport's peers have rules of their own (``Transport.dialect``; Redis pub/sub speaks
+Synkro's), the dialect decides whether a request is this worker's to answer at all (a copy
+another member of the fleet holds or answered is left alone, nothing published), how a returned
+result is published, and the bodies of results and events.
 """
 
 from __future__ import annotations
@@ -27,19 +32,20 @@ from debatebus.handlers.contract import Handle, Handler, HandlerContext, Handler
 from debatebus.handlers.results import failure_fields
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas.envelope import (
-    ENVELOPE_ENCODER,
     Envelope,
     completed_topic,
     decode_request,
     failed_topic,
     lenient_request,
+    new_message_id,
     now_iso,
 )
 from debatebus.schemas.events import DebateEvent
 from debatebus.transports import Delivery, Outgoing, Transport
+from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
 __all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "EVENT_ENCODER", "PAYLOAD_ECHO_LIMIT", "Route",
-           "Settler"]
+           "Settler", "bad_input", "failure_result", "result_message"]
 
 log = logging.getLogger("debatebus.worker")
 
@@ -55,6 +61,9 @@ _SMALL_FIELD: Final = 1024
 _KEPT_BYTES: Final = 16 * 1024
 _LISTED_DROPS: Final = 20
 _Settled = tuple[Outcome, HandlerResult | None]
+#: A request the transport's dialect leaves to another member of the fleet (it holds or answered
+#: it): nothing is published; observers see it as answered elsewhere, ``replayed``.
+_LEFT_ALONE: Final[_Settled] = ("replayed", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,25 +152,29 @@ class Settler:
 
     async def _reject_or_fail(self, delivery: Delivery, reason: str) -> _Settled:
         """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
-        request_id, payload = lenient_request(delivery.body)
-        if request_id is None:
+        answer = bad_input(delivery.body, delivery.topic, reason)
+        if answer is None:
             return await self._dead_letter(delivery, reason)
-        request = Envelope(request_id=request_id, payload=payload, type=delivery.topic)
-        return await self._answer(delivery, request, _failure(payload, request_id, reason),
-                                  "bad_input", None)
+        if not await self.transport.dialect.claim(delivery, answer[0].request_id):
+            return _LEFT_ALONE
+        return await self._answer(delivery, *answer, "bad_input", None)
 
     async def _handle(self, route: Route, delivery: Delivery, request: Envelope,
                       ctx: RequestContext | None) -> _Settled:
         outcome: Outcome
-        handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery)
+        if not await self.transport.dialect.claim(delivery, request.request_id):
+            return _LEFT_ALONE
+        handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery,
+                                  self.transport)
         try:
             result = await route.handle(request.payload, handling)
         except InputError as exc:
-            result = _failure(request.payload, request.request_id, str(exc))
+            result = failure_result(request.payload, request.request_id, str(exc))
             outcome = "bad_input"
         else:
             outcome = ("failed" if result.status == "failed" else
                        "replayed" if result.replayed else "completed")
+            result = self.transport.dialect.answered(result)
         return await self._answer(delivery, request, result, outcome, ctx)
 
     async def _answer(self, delivery: Delivery, request: Envelope, result: HandlerResult,
@@ -180,8 +193,8 @@ class Settler:
                   "message size limit")
         log.warning("%s %s: %s; publishing a failure event instead", delivery.topic,
                     delivery.id, reason)
-        failure = _failure(request.payload, request.request_id, reason,
-                           echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
+        failure = failure_result(request.payload, request.request_id, reason,
+                                 echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
         try:
             await self._ack(delivery, request, failure, ctx)
         except MessageTooLargeError as again:
@@ -191,22 +204,12 @@ class Settler:
 
     async def _ack(self, delivery: Delivery, request: Envelope, result: HandlerResult,
                    ctx: RequestContext | None) -> None:
-        failed = result.status == "failed"
-        topic = failed_topic(delivery.topic) if failed else completed_topic(delivery.topic)
         headers = request.headers
         if ctx is not None and self.observer is not None:
             extra = self.observer.outgoing_headers(ctx)
             headers = {**headers, **extra} if extra else headers
-        body = ENVELOPE_ENCODER.encode(Envelope(
-            request_id=request.request_id,
-            payload=result.fields,
-            type=topic,
-            correlation_id=request.correlation_id or request.request_id,
-            causation_id=request.request_id,
-            timestamp=now_iso(),
-            headers=headers,
-        ))
-        out = [Outgoing(topic, body, key=request.request_id)]
+        out = [result_message(request, delivery.topic, result, headers,
+                              dialect=self.transport.dialect, request_body=delivery.body)]
         await self._retrying(delivery, "result", lambda: self.transport.ack(delivery, out))
 
     async def _retrying(self, delivery: Delivery, what: str,
@@ -253,8 +256,9 @@ class Settler:
             if observer is not None and ctx is not None:
                 observer.debate_event(ctx, event)
             try:
-                await self.transport.publish(
-                    Outgoing(self.events_topic, EVENT_ENCODER.encode(event), key=request.request_id))
+                body = self.transport.dialect.event_body(
+                    request.request_id, event.seq, EVENT_ENCODER.encode(event))
+                await self.transport.publish(Outgoing(self.events_topic, body, key=request.request_id))
             except TransportError as exc:  # events are for watching: the debate goes on
                 if not failing:
                     log.warning("could not publish events of %s on %s (the debate goes on): %s",
@@ -264,8 +268,42 @@ class Settler:
         return publish
 
 
-def _failure(payload: Mapping[str, Any], request_id: str, error: str, *,
-             echo_limit: int = PAYLOAD_ECHO_LIMIT) -> HandlerResult:
+def result_message(request: Envelope, event_type: str, result: HandlerResult,
+                   headers: dict[str, str], *, dialect: WireDialect = DEBATEBUS_WIRE,
+                   request_body: bytes = b"") -> Outgoing:
+    """The message answering ``request`` (of ``event_type``) with ``result``: its envelope on
+    ``event:{type}:completed``, or ``…:failed`` when the result failed, keyed by the request id;
+    its body as ``dialect`` writes it (``request_body``: the request's own, which Synkro's
+    failure events echo the payload of)."""
+    failed = result.status == "failed"
+    topic = failed_topic(event_type) if failed else completed_topic(event_type)
+    body = dialect.result_body(request_body, Envelope(
+        request_id=request.request_id,
+        payload=result.fields,
+        message_id=new_message_id(),
+        type=topic,
+        correlation_id=request.correlation_id or request.request_id,
+        causation_id=request.message_id or request.request_id,  # an older producer's: no id
+        timestamp=now_iso(),
+        headers=headers,
+    ), failed)
+    return Outgoing(topic, body, key=request.request_id)
+
+
+def bad_input(body: bytes, event_type: str, reason: str) -> tuple[Envelope, HandlerResult] | None:
+    """What answers a request that is bad input (``reason``): its request, read leniently, and
+    its failure result; None when not even a request id can be read (dead-letter it)."""
+    request_id, payload = lenient_request(body)
+    if request_id is None:
+        return None
+    request = Envelope(request_id=request_id, payload=payload, type=event_type)
+    return request, failure_result(payload, request_id, reason)
+
+
+def failure_result(payload: Mapping[str, Any], request_id: str, error: str, *,
+                   echo_limit: int = PAYLOAD_ECHO_LIMIT) -> HandlerResult:
+    """A request that failed before or instead of a debate: its payload echoed (up to
+    ``echo_limit`` bytes of JSON) with the failure fields."""
     echo = _echo(payload, echo_limit)
     debate_id = echo.get("debateId")  # not when it was too big to echo
     return HandlerResult("failed", {

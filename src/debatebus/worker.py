@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import signal
 import socket
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -33,7 +34,7 @@ from debatebus.exceptions import (
     ConfigError,
     TransportError,
 )
-from debatebus.handlers.contract import Handler, adapt
+from debatebus.handlers.contract import Handler, Slot, adapt, current_slot
 from debatebus.handlers.handler import attach_default_stores
 from debatebus.observability.heartbeat import beat_forever, send_last_beat
 from debatebus.observe import Observer, fan_out
@@ -45,6 +46,7 @@ from debatebus.transports import (
     broker_url,
     transport_from_url,
 )
+from debatebus.transports.synkro import step_channel
 
 __all__ = ["DEFAULT_GROUP", "EVENTS_TOPIC", "DebateBus", "Handler"]
 
@@ -163,6 +165,14 @@ class DebateBus:
         if event_type in self.routes:
             raise ConfigError(f"{event_type!r} already has a handler: one handler per event type")
         self.routes[event_type] = Route(event_type, handler, adapt(handler))
+
+    def subscribe_synkro_step(self, workflow: str, step: str, handler: Handler) -> None:
+        """Serve step ``step`` of the Synkro workflow ``workflow`` with ``handler`` (on
+        ``redis+pubsub://``): Synkro's orchestrator publishes the step on
+        ``workflow:<workflow>:<step>`` and reads its answer from ``event:workflow:<workflow>:
+        <step>:completed`` (next step, or ``onSuccess``) or ``…:failed`` (``onFailure``), the
+        result fields (``debateOutput``…) in the payload it hands the next step."""
+        self.subscribe(step_channel(workflow, step), handler)
 
     def handlers(self) -> dict[str, Handler]:
         """Each subscribed event type's handler, as given to ``subscribe``."""
@@ -373,10 +383,13 @@ class DebateBus:
             async for delivery in stream:
                 self._link.back()
                 await slots.acquire()
-                task = asyncio.create_task(settler.process(delivery))
+                # The task's own slot, which its handler may lend out while it waits (ctx.waiting).
+                slot, context = Slot(slots), contextvars.copy_context()
+                context.run(current_slot.set, slot)
+                task = asyncio.create_task(settler.process(delivery), context=context)
                 self._inflight[task] = delivery
                 task.add_done_callback(self._done)
-                task.add_done_callback(lambda _: slots.release())
+                task.add_done_callback(_releasing(slot))
         finally:
             if healthy is not None:
                 healthy.cancel()
@@ -404,6 +417,11 @@ class DebateBus:
                                   correlation_id=correlation_id, headers=headers)
         await self.transport.publish(message)
         return str(message.key)
+
+
+def _releasing(slot: Slot) -> Callable[[asyncio.Task[None]], None]:
+    """A done callback giving ``slot`` back, unless its task had lent it out and not retaken it."""
+    return lambda _: slot.release()
 
 
 async def _close_stream(stream: AsyncIterator[Delivery]) -> None:

@@ -10,6 +10,11 @@ explicit checkpoint store URL, with ``DBB_LEASE_TTL``; without it the handler is
 that ``DebateBus`` makes durable); ``DBB_MODEL`` (a model string for ``resolve_llm`` instead of the
 logged FunctionLLM). An input containing ``HUGE_RESULT`` makes every speaker answer
 ``DBB_HUGE_BYTES`` (default 1.2 MB) of text, so the result is too large for the broker.
+
+Sub-debates: ``DBB_PROTOCOL`` (e.g. ``cross-pollination``); ``DBB_SUB_DEBATES=<domain>=<event
+type>`` gives the debate that domain on the bus (``DBB_SUB_DEADLINE`` seconds, default 60), and
+the optimist then asks for it in round 1b and, re-asked, quotes the panel's conclusion;
+``DBB_SYNTHESIS`` is the text every synthesis call answers (a child worker's panel conclusion).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import os
 from typing import Any
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus.engine.subdebates import SubDebates
 from debatebus.worker import DebateBus
 
 DEBATE_IDS: dict[str, str] = {}
@@ -35,6 +41,21 @@ def _log_call(request: LLMRequest) -> None:
 
 
 HUGE_MARKER = "HUGE_RESULT"
+#: What the optimist says when it has read a panel's conclusion: this, then the conclusion.
+REVISED_AFTER_PANEL = "optimist revised after the panel: "
+
+
+def _sub_debate_answer(request: LLMRequest) -> str | None:
+    """The optimist's 1b answer when sub-debates are configured: ask when offered, quote the
+    conclusion when re-asked; None for any other call."""
+    domains = os.environ.get("DBB_SUB_DEBATES")
+    if not domains or (request.speaker, request.purpose) != ("optimist", "revision"):
+        return None
+    if "concluded:\n" in request.prompt:
+        return REVISED_AFTER_PANEL + request.prompt.split("concluded:\n", 1)[1].split("\n", 1)[0]
+    if "REQUEST_SUB_DEBATE: <domain>" in request.prompt:
+        return "optimist needs specialists\nREQUEST_SUB_DEBATE: " + domains.split("=", 1)[0]
+    return None
 
 
 async def _answer(request: LLMRequest) -> Any:
@@ -44,6 +65,11 @@ async def _answer(request: LLMRequest) -> Any:
         return {"consensus": False, "summary": f"round {request.round}"}
     if HUGE_MARKER in request.prompt.split("\n", 1)[0]:
         return "x" * int(os.environ.get("DBB_HUGE_BYTES", "1200000"))
+    if request.purpose == "synthesis" and os.environ.get("DBB_SYNTHESIS"):
+        return os.environ["DBB_SYNTHESIS"]
+    asked = _sub_debate_answer(request)
+    if asked is not None:
+        return asked
     return f"{request.speaker} in round {request.round}"
 
 
@@ -64,7 +90,18 @@ def build_debate() -> Debate:
         moderator=Participant("moderator", "Moderate."),
         judge=Judge() if os.environ.get("DBB_JUDGE", "1") == "1" else None,
         max_rounds=int(os.environ.get("DBB_ROUNDS", "2")),
+        protocol=os.environ.get("DBB_PROTOCOL", "round-robin"),
+        sub_debates=_sub_debates(),
     )
+
+
+def _sub_debates() -> SubDebates | None:
+    spec = os.environ.get("DBB_SUB_DEBATES")
+    if not spec:
+        return None
+    domain, event_type = spec.split("=", 1)
+    return SubDebates(domains={domain: event_type},
+                      deadline_s=float(os.environ.get("DBB_SUB_DEADLINE", "60")))
 
 
 def _transport_options(url: str) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import msgspec
 import pytest
 
 from debatebus import FunctionLLM, LLMRequest, TokenUsage
@@ -138,10 +137,8 @@ class EventLog:
         return moment
 
 
-def tag_of(event: msgspec.Struct) -> str:
-    tag = type(event).__struct_config__.tag
-    assert isinstance(tag, str)
-    return tag
+def tag_of(event: ev.DebateEvent) -> str:
+    return event.kind
 
 
 @pytest.fixture

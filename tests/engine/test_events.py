@@ -8,6 +8,7 @@ import json
 import msgspec
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant, Verdict
+from debatebus.engine.subdebates import SubDebates
 from debatebus.schemas import events as ev
 from debatebus.schemas.events import EVENT_DECODER
 
@@ -188,6 +189,15 @@ async def _all_kinds_of_events(make_stage, log) -> None:
     broken = make_stage(failures={("moderator", "framing", 0): RuntimeError("y")})
     d = Debate("style", people(), llm=broken.llm, moderator=Participant("moderator", "M"))
     await d.run(TOPIC, debate_id="b", on_event=log)
+    # Sub-debates: alice's child completes, bob's (an event type, no bus here) fails, carol's is
+    # over the cap.
+    marked = make_stage(replies={(n, "revision", 2): "x\nREQUEST_SUB_DEBATE: " + d
+                                 for n, d in (("alice", "s"), ("bob", "bus"), ("carol", "s"))})
+    child = Debate("child", people(), llm=marked.llm, protocol="cross-pollination")
+    config = SubDebates(domains={"s": child, "bus": "debate:bus"}, max_per_debate=2)
+    parent = Debate("style", people(), llm=marked.llm, protocol="cross-pollination",
+                    sub_debates=config)
+    await parent.run(TOPIC, debate_id="c", on_event=log)
 
 
 async def test_every_event_round_trips_through_the_wire_decoder(make_stage, events):
@@ -198,7 +208,7 @@ async def test_every_event_round_trips_through_the_wire_decoder(make_stage, even
         wire = msgspec.json.encode(event)
         assert EVENT_DECODER.decode(wire) == event
         payload = json.loads(wire)
-        assert payload["type"] == type(event).__struct_config__.tag
+        assert payload["type"] == event.kind
         assert payload["debateId"] == event.debate_id
         assert payload["seq"] == event.seq
 

@@ -52,7 +52,7 @@ async def test_on_commit_follows_framing_and_every_round_in_order(make_stage):
     commits = Commits(log)
 
     def on_event(event: ev.DebateEvent) -> None:
-        log.append(type(event).__struct_config__.tag)
+        log.append(event.kind)
 
     stage = make_stage()
     result = await repo_debate(stage).run(TOPIC, on_commit=commits, on_event=on_event)

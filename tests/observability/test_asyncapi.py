@@ -35,6 +35,7 @@ from debatebus.cli import main
 from debatebus.exceptions import ConfigError, InputError
 from debatebus.handlers.inputs import read_debate_id, read_max_rounds, read_question, read_replay
 from debatebus.schemas.envelope import completed_topic, failed_topic
+from debatebus.schemas.events import EVENT_TYPES
 from debatebus.transports import Outgoing, dlq_topic
 from debatebus.transports.kafka import kafka_topic
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
@@ -141,16 +142,18 @@ def test_channels_operations_and_bindings() -> None:
     assert request["bindings"]["kafka"]["key"]["type"] == "string"
     # one message per event type, named by its ``type`` tag
     assert "turn_completed" in channels["debateEvents"]["messages"]
-    assert len(document["operations"]["sendDebateEvents"]["messages"]) == 11
+    assert len(document["operations"]["sendDebateEvents"]["messages"]) == len(EVENT_TYPES) == 15
     messages = document["components"]["messages"].values()
-    assert len({m["name"] for m in messages}) == 4 + 11  # no message shadows another
+    assert len({m["name"] for m in messages}) == 4 + 15  # no message shadows another
 
 
 #: Every ``debate*`` field of a result (``schemas.results``).
 DEBATE_FIELDS = (
     "debateId", "debateOutput", "debateSynthesis", "debateRounds", "debateStatus",
     "debateTokenUsage", "debateTranscript", "debateVerdict", "debatePhiHat", "debateSatisfied",
-    "debateError", "debateReplayed",
+    "debateError", "debateReplayed", "debateAgents", "debateDurationMs",
+    # Only when the debate started sub-debates:
+    "debateSubDebates", "debateChildrenTokenUsage", "debateTotalTokenUsage",
 )
 
 

@@ -12,7 +12,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from debatebus.engine.transcript import Round
-from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES
+from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES, MAX_DEPTH_LIMIT
 from debatebus.schemas.envelope import Envelope
 from debatebus.schemas.events import EVENT_TYPES, DebateEvent
 from debatebus.schemas.usage import TokenUsage
@@ -59,6 +59,30 @@ class RequestPayload(msgspec.Struct, rename="camel", omit_defaults=True):
     replay: Annotated[Literal["rerun"] | None, Meta(
         description='"rerun" runs afresh under a new debate id instead of replaying.',
     )] = None
+    preset: Annotated[str | None, Meta(
+        description="A ready panel from debatebus.presets (e.g. starter_trio) instead of the "
+                    "handler's own debate; only those the handler serves (as_handler(presets=…)).",
+    )] = None
+    parent_debate_id: Annotated[str | None, Meta(
+        description="Set on a sub-debate's request by its parent's worker: the parent's debate "
+                    "id (echoed in the result).",
+    )] = None
+    depth: Annotated[Annotated[int, Meta(ge=0, le=MAX_DEPTH_LIMIT)] | None, Meta(
+        description="Set on a sub-debate's request by its parent's worker: its nesting depth "
+                    "(parent's + 1), so the debate's max_depth holds across the bus.",
+    )] = None
+
+
+class SubDebateSummary(msgspec.Struct, rename="camel"):
+    """One child debate: its domain, debate (and request) id, who asked, how it ended."""
+
+    domain: str
+    debate_id: str
+    requested_by: str
+    status: Literal["running", "completed", "failed"]
+    synthesis: str | None
+    token_usage: TokenUsage
+    error: str | None
 
 
 class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
@@ -84,10 +108,26 @@ class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
         description="Φ̂, the integration score: how much the participants' wording moved between "
                     "their texts (mean Jaccard distance, 0..1).",
     )] = None
+    debate_agents: Annotated[list[str] | UnsetType, Meta(
+        description="The participants with at least one turn that did not fail, in the order "
+                    "they first spoke.",
+    )] = UNSET
+    debate_duration_ms: Annotated[Annotated[float, Meta(ge=0)] | UnsetType, Meta(
+        description="How long the debate ran, in milliseconds.",
+    )] = UNSET
     debate_satisfied: Annotated[bool, Meta(description="The stop rule was met.")] = False
     debate_replayed: Annotated[bool, Meta(
         description="The stored result of an earlier run was replayed, nothing was re-run.",
     )] = False
+    debate_sub_debates: Annotated[list[SubDebateSummary] | UnsetType, Meta(
+        description="The sub-debates this debate started (absent when none), in start order.",
+    )] = UNSET
+    debate_children_token_usage: Annotated[TokenUsage | UnsetType, Meta(
+        description="What its sub-debates spent, theirs included (absent when none).",
+    )] = UNSET
+    debate_total_token_usage: Annotated[TokenUsage | UnsetType, Meta(
+        description="debateTokenUsage (its own calls) plus debateChildrenTokenUsage.",
+    )] = UNSET
     input: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
     max_rounds: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
     replay: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
@@ -130,8 +170,9 @@ class RedisDeadLetterEntry(msgspec.Struct, rename="camel", omit_defaults=True):
 
 _REQUEST_ENVELOPE: Final = 'A debate request: ``{"requestId": "...", "payload": {"input": "<topic>"}}``.'
 _RESULT_ENVELOPE: Final = (
-    "A debate result. ``correlationId`` and ``causationId`` name the request; its ``headers`` "
-    "(W3C ``traceparent`` among them) are carried over."
+    "A debate result, with a ``messageId`` of its own. ``causationId`` is the request's "
+    "``messageId`` (its ``requestId`` when the request has none) and ``correlationId`` is carried "
+    "over from the request; so are its ``headers`` (W3C ``traceparent`` among them)."
 )
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from debatebus.engine.definition import Participant
 from debatebus.engine.outcome import Outcome, SynthesisCall
 from debatebus.engine.phi import compute_phi_hat
-from debatebus.engine.rules import DebateFailure, require_a_survivor, utility_text
+from debatebus.engine.rules import DebateFailure, require_a_survivor
 from debatebus.engine.run import Run
 from debatebus.engine.steps import (
     clean_text,
@@ -20,13 +20,16 @@ from debatebus.engine.steps import (
     speak,
     start_round,
 )
+from debatebus.engine.subdebates import SubDebateSession
 from debatebus.engine.transcript import Round, Turn
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE
 
-__all__ = ["run_cross_pollination"]
+__all__ = ["ROUNDS", "run_cross_pollination"]
 
 AUDIENCE, POSITION, REVISION = 0, 1, 2
+#: The rounds it always plays, positions then revisions: ``max_rounds`` does not apply.
+ROUNDS = REVISION
 
 
 def _committed(run: Run, number: int) -> Round | None:
@@ -35,8 +38,8 @@ def _committed(run: Run, number: int) -> Round | None:
 
 def _position_lines(run: Run, texts: Mapping[str, str]) -> dict[str, str]:
     """Each participant's text as the others see it: name, utility, then the text."""
-    by_name = {p.name: p for p in run.spec.participants}
-    return {name: f"[{name}]{utility_text(by_name[name])} {text}" for name, text in texts.items()}
+    utilities = run.spec.utility_texts
+    return {name: f"[{name}]{utilities.get(name, '')} {text}" for name, text in texts.items()}
 
 
 def _positions_text(lines: Mapping[str, str], exclude: str = "") -> str:
@@ -66,7 +69,7 @@ async def _audience(run: Run) -> str:
         )
         rnd = Round(number=AUDIENCE, turns=[turn], phase="audience")
         await finish_round(run, rnd, usage_before, judged=False)
-    return f"Audience: {rnd.turns[0].text}\n"
+    return f"{run.spec.lang.audience_label}{rnd.turns[0].text}\n"
 
 
 async def _phase(
@@ -76,25 +79,37 @@ async def _phase(
     audience: str,
     speakers: list[Participant],
     texts: Mapping[str, str],
+    children: SubDebateSession | None = None,
 ) -> Round:
+    """A phase's round; in 1b (``children`` given) a position may ask for a sub-debate."""
     rnd = _committed(run, number)
     if rnd is not None:
         return rnd
     usage_before = await start_round(run, number, phase)
     lines = _position_lines(run, texts)
 
-    async def turn(p: Participant) -> Turn:
-        prompt = run.prompt(
+    def prompt_of(p: Participant, offer: str) -> str:
+        return run.prompt(
             phase,
             p.name,
             number,
             audience=audience,
-            utility=utility_text(p),
+            utility=run.spec.utility_texts.get(p.name, ""),
             maximizes=p.utility.maximizes if p.utility else "",
             penalizes=p.utility.penalizes if p.utility else "",
             positions=_positions_text(lines, exclude=p.name),
+            sub_debates=offer,
         )
-        return await speak(run, p, phase, number, prompt)
+
+    async def turn(p: Participant) -> Turn:
+        said = await speak(run, p, phase, number, prompt_of(p, children.offer if children else ""))
+        if children is None:
+            return said
+
+        async def reissue(feedback: str) -> Turn:
+            return await speak(run, p, phase, number, prompt_of(p, "") + feedback)
+
+        return await children.answer(p, said, reissue)
 
     try:
         async with asyncio.TaskGroup() as group:
@@ -109,7 +124,7 @@ async def _phase(
     return rnd
 
 
-async def run_cross_pollination(run: Run) -> Outcome:
+async def run_cross_pollination(run: Run, children: SubDebateSession | None = None) -> Outcome:
     await frame(run)
     audience = await _audience(run)
     everyone = list(run.spec.participants)
@@ -117,7 +132,7 @@ async def run_cross_pollination(run: Run) -> Outcome:
     if len(positions) == 1:
         return Outcome(False, sole_output=next(iter(positions.values())))
     survivors = [p for p in everyone if p.name in positions]
-    revision = await _phase(run, REVISION, "revision", audience, survivors, positions)
+    revision = await _phase(run, REVISION, "revision", audience, survivors, positions, children)
     revised = {**positions, **revision.texts()}  # a failed revision falls back to its position
     # Without a judge or ``until``, the protocol itself is the stop rule.
     no_rule = run.spec.judge is None and run.spec.until is None

@@ -4,32 +4,58 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Unpack
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Unpack
 
 from debatebus.engine.cross_pollination import run_cross_pollination
-from debatebus.engine.definition import DebateSpec, Protocol
+from debatebus.engine.definition import DebateSpec
 from debatebus.engine.fingerprint import definition_hash
 from debatebus.engine.outcome import Outcome
-from debatebus.engine.result import DebateResult, Progress
+from debatebus.engine.result import DebateResult, Progress, Status
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
 from debatebus.engine.run import OnCommit, OnEvent, Run
 from debatebus.engine.steps import emit_phi, finish, synthesize
+from debatebus.engine.subdebates import ChildRunner, InProcessChildren, SubDebateSession
 from debatebus.engine.transcript import Turn
 from debatebus.exceptions import ConfigError
+from debatebus.llm.base import LLM
 from debatebus.schemas import events as ev
 
 if TYPE_CHECKING:
     from debatebus.handlers.handler import DebateHandler, HandlerOptions
 
-__all__ = ["Debate"]
+__all__ = ["Debate", "DebateMetrics"]
 
-_PROTOCOLS: dict[Protocol, Callable[[Run], Awaitable[Outcome]]] = {
-    "round-robin": run_round_robin,
-    "cross-pollination": run_cross_pollination,
-}
+
+
+@dataclass(frozen=True, slots=True)
+class DebateMetrics:
+    """What ``on_metrics`` receives once per run, completed or failed; the bus publishes the same
+    figures in the result (``debatePhiHat``, ``debateAgents``, ``debateDurationMs``)."""
+
+    debate_id: str
+    debate_name: str
+    status: Status
+    phi_hat: float | None
+    #: The participants with at least one turn that did not fail, in the order they first spoke.
+    agents: tuple[str, ...]
+    duration_ms: float
+
+    @classmethod
+    def of(cls, result: DebateResult) -> DebateMetrics:
+        spoke = (
+            turn.speaker
+            for rnd in result.rounds
+            if rnd.phase != "audience"  # the audience round models the audience, not a debater
+            for turn in rnd.turns
+            if not turn.failed
+        )
+        return cls(result.debate_id, result.debate_name, result.status, result.phi_hat,
+                   tuple(dict.fromkeys(spoke)), result.duration_ms)
 
 
 class Debate(DebateSpec):
@@ -47,6 +73,16 @@ class Debate(DebateSpec):
         """Stable hash of the definition; checkpoints record it to detect drift on resume."""
         return definition_hash(self)
 
+    @classmethod
+    def from_preset(cls, preset_name: str, /, *, llm: LLM | None = None,
+                    **overrides: Any) -> Debate:
+        """A ready panel from ``debatebus.presets`` (e.g. ``"starter_trio"``) on ``llm``;
+        ``overrides`` are any other ``Debate`` arguments (``name``, ``language``…)."""
+        # Imported here: the presets are built from this class.
+        from debatebus.presets import preset
+
+        return preset(preset_name).debate(llm, **overrides)
+
     def __repr__(self) -> str:
         names = [p.name for p in self.participants]
         return f"Debate({self.name!r}, {names}, protocol={self.protocol!r})"
@@ -61,13 +97,21 @@ class Debate(DebateSpec):
         resume: Progress | None = None,
         on_commit: OnCommit | None = None,
         request_id: str | None = None,
+        children: ChildRunner | None = None,
+        depth: int = 0,
     ) -> DebateResult:
         """Run the debate to its end. Never raises for model failures: a failed debate returns
-        ``status="failed"`` with its partial transcript and every token spent."""
+        ``status="failed"`` with its partial transcript and every token spent.
+
+        With ``sub_debates``, ``children`` runs the sub-debates a position asks for (default: in
+        this process, ``InProcessChildren``; a bus handler passes one that publishes them);
+        ``depth`` is this run's own (0 at the top; a sub-debate's events carry it)."""
         if not isinstance(question, str):
             raise ConfigError(f"the question must be a string, got {type(question).__name__}")
         if max_rounds is not None and max_rounds < 1:
             raise ConfigError(f"max_rounds must be ≥ 1, got {max_rounds}")
+        if depth and on_event is not None:
+            on_event = _at_depth(on_event, depth)
         run = Run(
             self,
             question,
@@ -78,6 +122,12 @@ class Debate(DebateSpec):
             request_id=request_id,
             max_rounds=max_rounds,
         )
+        if resume is not None:  # Run copies the committed rounds; the children go with them
+            run.progress.sub_debates = list(resume.sub_debates)
+        session = None
+        if self.sub_debates is not None:
+            runner = children or InProcessChildren(self, on_event)
+            session = SubDebateSession(run, self.sub_debates, runner, depth)
         await run.emit(
             ev.DebateStarted,
             question=question,
@@ -87,9 +137,14 @@ class Debate(DebateSpec):
             max_rounds=run.max_rounds,
             resumed_from_round=run.resumed_from,
         )
-        return await self._play(run)
+        result = await self._play(run, session)
+        if self.on_metrics is not None:
+            reported = self.on_metrics(DebateMetrics.of(result))
+            if inspect.isawaitable(reported):
+                await reported
+        return result
 
-    async def _play(self, run: Run) -> DebateResult:
+    async def _play(self, run: Run, children: SubDebateSession | None) -> DebateResult:
         """Play the protocol, then its synthesis, within the deadline. A DebateFailure or the
         deadline ends the run failed, keeping what the protocol had decided (its Φ̂)."""
         outcome: Outcome | None = None
@@ -97,7 +152,10 @@ class Debate(DebateSpec):
         error: str | None = None
         try:
             async with asyncio.timeout(self.deadline_s):
-                outcome = await _PROTOCOLS[self.protocol](run)
+                if self.protocol == "cross-pollination":
+                    outcome = await run_cross_pollination(run, children)
+                else:
+                    outcome = await run_round_robin(run)
                 await emit_phi(run, outcome.phi_hat)
                 if outcome.synthesis is not None:
                     synthesis = await synthesize(run, outcome.synthesis)
@@ -105,14 +163,27 @@ class Debate(DebateSpec):
             error = str(failure)
         except TimeoutError:
             error = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s"
-        return await finish(run, outcome, synthesis, error)
+        result = await finish(run, outcome, synthesis, error)
+        result.sub_debates = list(run.progress.sub_debates)
+        return result
 
     def as_handler(self, **options: Unpack[HandlerOptions]) -> DebateHandler:
         """This debate as a bus handler (or an async ``handler(payload) -> dict`` to call
         directly), durable by default. ``options`` are ``DebateHandler``'s, documented there:
         ``store``, ``durable``, ``lease_ttl_s``, ``store_outage_s``, ``owner``,
-        ``max_input_bytes``, ``drift``."""
+        ``max_input_bytes``, ``drift``, ``presets`` (the ``debatebus.presets`` a request may
+        pick with ``payload.preset``)."""
         # Imported here: the handlers build on the engine, not the other way round.
         from debatebus.handlers.handler import DebateHandler
 
         return DebateHandler(self, **options)
+
+
+def _at_depth(on_event: OnEvent, depth: int) -> OnEvent:
+    """``on_event``, given each event marked with the sub-debate ``depth`` it comes from."""
+
+    def marked(event: ev.DebateEvent) -> Awaitable[None] | None:
+        event.depth = depth
+        return on_event(event)
+
+    return marked

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel
 
 from debatebus.engine.transcript import Round, Transcript, Turn
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+
+if TYPE_CHECKING:
+    from debatebus.engine.subdebates import SubDebateRecord
 
 __all__ = ["DebateResult", "DebateState", "Progress"]
 
@@ -35,10 +38,21 @@ class DebateResult:
     calls: int = 0
     debate_name: str = ""
     resumed_from_round: int = 0
+    #: Its sub-debates (domain, child id, who asked, status, synthesis, usage), in start order.
+    sub_debates: list[SubDebateRecord] = field(default_factory=list)
 
     @property
     def transcript(self) -> Transcript:
         return Transcript(self.rounds)
+
+    @property
+    def children_usage(self) -> TokenUsage:
+        """What its sub-debates spent (theirs in turn included); ``token_usage`` is its own."""
+        return sum((r.usage for r in self.sub_debates), ZERO_USAGE)
+
+    @property
+    def total_usage(self) -> TokenUsage:
+        return self.token_usage + self.children_usage
 
     @property
     def ok(self) -> bool:
@@ -68,10 +82,12 @@ class Progress:
     """What a debate has committed so far: the unit of checkpointing and of resume.
 
     Rounds are only ever appended; ``usage``/``calls`` include every call made, committed or not,
-    so budgets and accounting survive a resume.
+    so budgets and accounting survive a resume. ``sub_debates`` are its children, recorded when
+    started (so a resumed run reuses their ids) and updated when they end.
     """
 
     framing: Turn | None = None
     rounds: list[Round] = field(default_factory=list)
     usage: TokenUsage = ZERO_USAGE
     calls: int = 0
+    sub_debates: list[SubDebateRecord] = field(default_factory=list)

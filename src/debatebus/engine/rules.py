@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from pydantic import BaseModel
 
-from debatebus.engine.definition import Budget, DebateSpec, Participant
+from debatebus.engine.definition import Budget, DebateSpec
 from debatebus.engine.phi import compute_phi_hat
 from debatebus.engine.result import DebateState
 from debatebus.engine.transcript import Round, Turn
@@ -27,7 +27,6 @@ __all__ = [
     "require_a_survivor",
     "round_robin_phi",
     "stop_reached",
-    "utility_text",
 ]
 
 
@@ -76,11 +75,6 @@ def consensus_reached(verdict: object) -> bool:
 
 def latest_verdict(rounds: Sequence[Round]) -> BaseModel | None:
     return next((r.verdict for r in reversed(rounds) if r.verdict is not None), None)
-
-
-def utility_text(participant: Participant) -> str:
-    u = participant.utility
-    return f" You maximize: {u.maximizes}. You penalize: {u.penalizes}." if u else ""
 
 
 def first_and_last_texts(rounds: Sequence[Round]) -> tuple[dict[str, str], dict[str, str]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant
 from debatebus.engine.prompts import (
-    SHARED_SYSTEM,
+    Language,
     PromptContext,
     fill_template,
     names_persona,
@@ -30,8 +30,8 @@ OnEvent = Callable[[ev.DebateEvent], Awaitable[None] | None]
 OnCommit = Callable[[Progress, Turn | Round], Awaitable[None]]
 
 
-def _framing_field(framing: Turn | None) -> str:
-    return f"Framing: {framing.text}\n" if framing else ""
+def _framing_field(lang: Language, framing: Turn | None) -> str:
+    return f"{lang.framing_label}{framing.text}\n" if framing else ""
 
 
 class Run:
@@ -68,7 +68,7 @@ class Run:
             question=question,
             debate_name=spec.name,
             participants=spec.participant_names,
-            framing=_framing_field(self.progress.framing),
+            framing=_framing_field(spec.lang, self.progress.framing),
         )
         roles = [*spec.participants, spec.moderator, spec.synthesis_speaker, spec.judge]
         if spec.audience:
@@ -130,10 +130,10 @@ class Run:
         return fill_template(template, values)
 
     def system_for(self, phase: str, who: Participant | Judge) -> str:
-        """The system prompt of ``who``'s ``phase`` call: the debate's shared one when the template
-        places the persona itself (the shipped ones do), else ``who``'s own."""
+        """The system prompt of ``who``'s ``phase`` call: the debate's shared one (in its language)
+        when the template places the persona itself (the shipped ones do), else ``who``'s own."""
         if names_persona(self.spec.templates.get(phase)):
-            return SHARED_SYSTEM
+            return self.spec.lang.system
         return who.system_prompt
 
     def context(
@@ -176,7 +176,7 @@ class Run:
 
     async def commit_framing(self, turn: Turn) -> None:
         self.progress.framing = turn
-        self.fields["framing"] = _framing_field(turn)
+        self.fields["framing"] = _framing_field(self.spec.lang, turn)
         if self.on_commit is not None:
             await self.on_commit(self.progress, turn)
 

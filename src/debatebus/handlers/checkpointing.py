@@ -1,9 +1,10 @@
 """Encoding of checkpoints and results for a CheckpointStore: one encoder/decoder each, built once.
 
 Both the checkpoint header and the stored result record the fingerprint of what was asked (the
-input and ``maxRounds``), so a debate id reused for another question is refused, never answered
-with the other question's debate. Records written before fingerprints existed: a header is checked
-by its question; a result carries no question and is trusted (as those versions did).
+input, ``maxRounds`` and the preset, if any), so a debate id reused for another question is
+refused, never answered with the other question's debate. Records written before fingerprints
+existed: a header is checked by its question; a result carries no question and is trusted (as
+those versions did).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 from debatebus.checkpoints.base import Counters, StoredCheckpoint
 from debatebus.engine.definition import DebateSpec
 from debatebus.engine.result import Progress
+from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import InputError
 from debatebus.schemas.usage import TokenUsage
@@ -41,15 +43,24 @@ __all__ = [
 _FINGERPRINT_KEY = "debatebusFingerprint"
 
 
-def request_fingerprint(question: str, max_rounds: int | None) -> str:
-    """What a request asks, hashed: everything a producer can set that changes the debate."""
-    asked = _ENCODER.encode({"v": 1, "input": question, "maxRounds": max_rounds})
-    return hashlib.sha256(asked).hexdigest()[:32]
+def request_fingerprint(question: str, max_rounds: int | None, preset: str | None = None,
+                        depth: int = 0) -> str:
+    """What a request asks, hashed: everything a producer can set that changes the debate. The
+    preset counts only when named, and the sub-debate depth only above 0, so requests without
+    them keep their earlier fingerprints."""
+    asked: dict[str, Any] = {"v": 1, "input": question, "maxRounds": max_rounds}
+    if preset is not None:
+        asked["preset"] = preset
+    if depth:
+        asked["depth"] = depth
+    return hashlib.sha256(_ENCODER.encode(asked)).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
 class Ask:
-    """One request's question: its input, round cap, debate id and which field named the id."""
+    """One request's question: its input, round cap, debate id, which field named the id, the
+    preset it asked for (None: the handler's own debate) and its sub-debate depth (0: a top-level
+    debate)."""
 
     question: str
     max_rounds: int | None
@@ -57,12 +68,14 @@ class Ask:
     id_field: str  # "requestId" or "debateId"
     request_id: str | None
     fingerprint: str
+    preset: str | None = None
+    depth: int = 0
 
     @classmethod
     def of(cls, question: str, max_rounds: int | None, debate_id: str, id_field: str,
-           request_id: str | None) -> Ask:
+           request_id: str | None, preset: str | None = None, depth: int = 0) -> Ask:
         return cls(question, max_rounds, debate_id, id_field, request_id,
-                   request_fingerprint(question, max_rounds))
+                   request_fingerprint(question, max_rounds, preset, depth), preset, depth)
 
     def matches(self, fingerprint: str | None, question: str | None) -> bool:
         """Whether a stored record answers this question; see the module docstring for records
@@ -75,7 +88,7 @@ class Ask:
 def reused_id(ask: Ask) -> InputError:
     return InputError(
         f"{ask.id_field} {ask.debate_id!r} was already used for a debate with a different input "
-        "(payload.input or maxRounds differ), so its result is not this request's answer: send a "
+        "(payload.input, maxRounds or preset differ), so its result is not this request's answer: send a "
         f"new requestId{' without debateId' if ask.id_field == 'debateId' else ''} for a new "
         'debate, or "replay": "rerun" to run this input afresh'
     )
@@ -99,6 +112,13 @@ class RoundEntry(msgspec.Struct, tag="round"):
     round: Round
 
 
+class ChildEntry(msgspec.Struct, tag="child"):
+    """A sub-debate's record: committed when it starts (before its request is published) and
+    again, final, with the round that used its outcome; the last one of a child id wins."""
+
+    child: SubDebateRecord
+
+
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
@@ -107,7 +127,7 @@ def _enc_hook(obj: Any) -> Any:
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
 _HEADER_DECODER = msgspec.json.Decoder(CheckpointHeader)
-_ENTRY_DECODER = msgspec.json.Decoder(FramingEntry | RoundEntry)
+_ENTRY_DECODER = msgspec.json.Decoder(FramingEntry | RoundEntry | ChildEntry)
 _RESULT_DECODER = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -119,7 +139,9 @@ def decode_header(data: bytes) -> CheckpointHeader:
     return _HEADER_DECODER.decode(data)
 
 
-def encode_entry(item: Turn | Round) -> bytes:
+def encode_entry(item: Turn | Round | SubDebateRecord) -> bytes:
+    if isinstance(item, SubDebateRecord):
+        return _ENCODER.encode(ChildEntry(item))
     return _ENCODER.encode(FramingEntry(item) if isinstance(item, Turn) else RoundEntry(item))
 
 
@@ -144,15 +166,20 @@ def counters_of(progress: Progress) -> Counters:
 
 
 def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
-    """Committed framing and rounds, with verdicts re-validated by the judge's schema.
+    """Committed framing, rounds and sub-debate records, with verdicts re-validated by the
+    judge's schema.
 
     Round numbers only grow, so an entry that repeats a round is skipped: an append retried after
     its reply was lost (by a store's client library, or a custom store) may be stored twice."""
     progress = Progress()
+    children: dict[str, SubDebateRecord] = {}  # in start order; a later record replaces
     for raw in stored.entries:
         entry = _ENTRY_DECODER.decode(raw)
         if isinstance(entry, FramingEntry):
             progress.framing = progress.framing or entry.turn
+            continue
+        if isinstance(entry, ChildEntry):
+            children[entry.child.child_id] = entry.child
             continue
         rnd = entry.round
         if progress.rounds and rnd.number <= progress.rounds[-1].number:
@@ -160,6 +187,7 @@ def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
         if spec.judge is not None and isinstance(rnd.verdict, dict):
             rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
         progress.rounds.append(rnd)
+    progress.sub_debates = list(children.values())
     c = stored.counters
     progress.usage = TokenUsage(c.prompt_tokens, c.completion_tokens, c.total_tokens)
     progress.calls = c.calls

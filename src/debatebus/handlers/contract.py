@@ -12,13 +12,16 @@ The worker and the observers read the result's attributes; its ``fields`` are wh
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from debatebus.engine.run import OnEvent
 from debatebus.exceptions import ConfigError
-from debatebus.transports.base import Delivery
+from debatebus.transports.base import Delivery, Transport
 
 __all__ = [
     "BusHandler",
@@ -27,20 +30,61 @@ __all__ = [
     "HandlerContext",
     "HandlerResult",
     "PlainHandler",
+    "Slot",
     "adapt",
+    "current_slot",
 ]
 
 Status = Literal["completed", "failed"]
 
 
+class Slot:
+    """One of a worker's ``concurrency`` permits, held by the task handling one delivery."""
+
+    def __init__(self, permits: asyncio.Semaphore) -> None:
+        self._permits = permits
+        self.held = True
+
+    def release(self) -> None:
+        """Give the permit back (once: later calls do nothing until it is taken again)."""
+        if self.held:
+            self.held = False
+            self._permits.release()
+
+    async def take(self) -> None:
+        await self._permits.acquire()
+        self.held = True
+
+
+#: The slot of the delivery the current task handles (the worker sets it per task).
+current_slot: ContextVar[Slot | None] = ContextVar("debatebus_slot", default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class HandlerContext:
     """What a handler may need besides the payload: the request's id, where the debate's events
-    go (None: nobody listens) and the delivery being handled (event type, id, delivery count)."""
+    go (None: nobody listens), the delivery being handled (event type, id, delivery count) and
+    the transport it came from, to publish and subscribe on (sub-debates do; None: no bus)."""
 
     request_id: str
     on_event: OnEvent | None
     delivery: Delivery
+    transport: Transport | None = None
+
+    @contextlib.asynccontextmanager
+    async def waiting(self) -> AsyncIterator[None]:
+        """``async with ctx.waiting():`` around a wait on other requests (e.g. a sub-debate):
+        the worker may take another delivery meanwhile (its concurrency slot is lent out), and
+        the slot is taken back, waiting for a free one, before the block ends."""
+        slot = current_slot.get()
+        if slot is None or not slot.held:
+            yield
+            return
+        slot.release()
+        try:
+            yield
+        finally:
+            await slot.take()
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,9 @@ the commits and ``finish`` ride out a store outage of up to ``store_outage_s``, 
 backoff (each is safe to repeat: the same run's owner re-takes its own lease, a repeated round
 entry is skipped on restore, and ``finish`` overwrites), so a debate in flight survives a Redis
 restart.
+
+Checkpoints and results are kept for the runner's ``retention_s`` (None: the store's own); a
+debate whose stored result expired runs again, and its result carries ``debateResultExpired``.
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ import secrets
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from debatebus.backoff import Backoff
-from debatebus.checkpoints.base import CheckpointStore, Opening
+from debatebus.checkpoints.base import CheckpointStore, Opening, retention_kw
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import Progress
-from debatebus.engine.run import OnEvent
+from debatebus.engine.run import OnCommit, OnEvent
+from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import LeaseLostError, TransportError
 from debatebus.handlers.checkpointing import (
@@ -49,7 +54,8 @@ from debatebus.handlers.checkpointing import (
     restore_progress,
     reused_id,
 )
-from debatebus.handlers.results import failure_fields, result_fields
+from debatebus.handlers.children import BusChildren, CommitChild
+from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, result_fields
 from debatebus.schemas.envelope import now_iso
 
 if TYPE_CHECKING:
@@ -134,8 +140,10 @@ class DurableRunner:
 
     def __init__(self, debate: Debate, store: CheckpointStore, *, owner: str | None = None,
                  lease_ttl_s: float = 30.0, lease_poll_s: float = 1.0,
-                 store_outage_s: float = DEFAULT_STORE_OUTAGE_S, drift: Drift = "strict") -> None:
+                 store_outage_s: float = DEFAULT_STORE_OUTAGE_S, drift: Drift = "strict",
+                 retention_s: float | None = None) -> None:
         self.debate = debate
+        self._retention = retention_kw(retention_s)  # for every store write
         self.drift = drift
         self.store = store
         self.owner = owner or default_owner()
@@ -166,7 +174,10 @@ class DurableRunner:
         """A lease owner for one run: this runner's owner and a part no other run shares."""
         return f"{self._runs_prefix}{secrets.token_hex(6)}"
 
-    async def run(self, ask: Ask, on_event: OnEvent | None) -> dict[str, Any]:
+    async def run(self, ask: Ask, on_event: OnEvent | None,
+                  children: BusChildren | None = None) -> dict[str, Any]:
+        """The debate's result fields: stored, or from a run (resumed from its checkpoint).
+        ``children`` (on a bus) publishes its sub-debates, committing each before publishing."""
         debate_id, owner = ask.debate_id, self.run_owner()
         header = self._header(ask)
         encoded = encode_header(header)
@@ -180,9 +191,12 @@ class DurableRunner:
             progress = self._restore(ask, header, encoded, opening)
             if isinstance(progress, str):
                 return failure_fields(debate_id, progress)
-            fields = await self._run_leased(ask, owner, on_event, progress)
+            fields = await self._run_leased(ask, owner, on_event, progress, children)
+            if opening.expired:
+                fields[RESULT_EXPIRED] = True
             result = encode_result(fields, ask.fingerprint)
-            await self._patient(lambda: self.store.finish(debate_id, owner, result))
+            await self._patient(lambda: self.store.finish(debate_id, owner, result,
+                                                          **self._retention))
             finished = True
             return fields
         finally:
@@ -194,7 +208,7 @@ class DurableRunner:
         second run of it."""
         while True:
             opening = await self._patient(lambda: self.store.start(
-                debate_id, owner, self.keeper.ttl_s, encoded))
+                debate_id, owner, self.keeper.ttl_s, encoded, **self._retention))
             if opening.result is not None or opening.acquired:
                 return opening
             if opening.lease is not None and opening.lease.owner.startswith(self._runs_prefix):
@@ -234,16 +248,39 @@ class DurableRunner:
             return None
         return restore_progress(checkpoint, self.debate.spec)
 
-    async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
-                          progress: Progress | None) -> dict[str, Any]:
-        debate_id = ask.debate_id
+    def _commits(self, debate_id: str, progress: Progress | None) -> tuple[OnCommit, CommitChild]:
+        """The run's commit of framing and rounds, and its commit of a child's record."""
+        # Each child's last committed status (a resumed run's, from its checkpoint).
+        committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
+
+        async def append(entries: list[bytes], state: Progress) -> None:
+            await self._patient(lambda: self.store.append_many(
+                debate_id, entries, counters_of(state), **self._retention))
 
         async def commit(state: Progress, item: Turn | Round) -> None:
             # The framing and every round are written before the debate goes on, so a crash
-            # costs at most the calls of the step it interrupted.
-            entry, counters = encode_entry(item), counters_of(state)
-            await self._patient(lambda: self.store.append_many(debate_id, [entry], counters))
+            # costs at most the calls of the step it interrupted. A round goes with the final
+            # records of the children whose outcome it used.
+            ended = [r for r in state.sub_debates if committed.get(r.child_id) != r.status]
+            committed.update((r.child_id, r.status) for r in ended)
+            await append([*map(encode_entry, ended), encode_entry(item)], state)
 
+        async def commit_child(record: SubDebateRecord, state: Progress) -> bool:
+            if record.child_id in committed:
+                return False
+            committed[record.child_id] = record.status
+            await append([encode_entry(record)], state)
+            return True
+
+        return commit, commit_child
+
+    async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
+                          progress: Progress | None,
+                          children: BusChildren | None) -> dict[str, Any]:
+        debate_id = ask.debate_id
+        commit, commit_child = self._commits(debate_id, progress)
+        if children is not None:
+            children = replace(children, store=self.store, commit=commit_child)
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.
         task = asyncio.current_task()
@@ -252,7 +289,8 @@ class DurableRunner:
         try:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
-                resume=progress, on_commit=commit, request_id=ask.request_id)
+                resume=progress, on_commit=commit, request_id=ask.request_id,
+                children=children, depth=ask.depth)
         except asyncio.CancelledError:
             if self.keeper.untrack(owner) and task.uncancel() == 0:
                 raise _lease_lost(debate_id) from None

@@ -15,10 +15,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from debatebus.checkpoints import store_for_broker
-from debatebus.checkpoints.base import CheckpointStore
+from debatebus.checkpoints.base import CheckpointStore, retention_ms
 from debatebus.engine.run import OnEvent
-from debatebus.exceptions import ConfigError
+from debatebus.engine.subdebates import InProcessChildren
+from debatebus.exceptions import ConfigError, InputError
 from debatebus.handlers.checkpointing import Ask
+from debatebus.handlers.children import BusChildren
 from debatebus.handlers.contract import HandlerContext, HandlerResult
 from debatebus.handlers.durable import (
     DEFAULT_STORE_OUTAGE_S,
@@ -28,11 +30,13 @@ from debatebus.handlers.durable import (
 from debatebus.handlers.inputs import (
     DEFAULT_MAX_INPUT_BYTES,
     read_debate_id,
+    read_depth,
     read_max_rounds,
     read_question,
     read_replay,
 )
 from debatebus.handlers.results import result_fields
+from debatebus.presets import PRESETS, preset
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
@@ -54,7 +58,9 @@ class HandlerOptions(TypedDict, total=False):
     store_outage_s: float
     owner: str | None
     max_input_bytes: int
+    presets: Iterable[str]
     drift: Drift
+    retention_s: float | None
 
 
 class _SingleFlight:
@@ -89,6 +95,9 @@ class DebateHandler:
     ``debate*`` result fields. Raises ``InputError`` for a malformed payload or a debate id already
     used for another input; never raises for a failed debate (``debateStatus`` says ``"failed"``).
 
+    ``presets`` names the ``debatebus.presets`` a request may pick with ``payload.preset``, each
+    built on this debate's default llm; a request naming any other is an InputError.
+
     A ``BusHandler``: a bus calls ``handle(payload, ctx)``; a direct call ``handler(payload)``
     returns the fields as a dict.
 
@@ -99,7 +108,9 @@ class DebateHandler:
     ``store_outage_s`` is how long a debate in flight waits for its store to come back;
     ``lease_ttl_s`` is how long a dead worker's debate stays locked; ``owner`` names this worker
     in leases. ``drift="strict"`` refuses to resume a checkpoint written by another definition of
-    this debate; ``"loose"`` resumes it by round number."""
+    this debate; ``"loose"`` resumes it by round number. ``retention_s`` is how long this
+    handler's checkpoints and results are kept (None: the store's ``retention_s``, 7 days unless
+    the store says otherwise; ``math.inf``: forever)."""
 
     def __init__(
         self,
@@ -111,8 +122,12 @@ class DebateHandler:
         store_outage_s: float = DEFAULT_STORE_OUTAGE_S,
         owner: str | None = None,
         max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+        presets: Iterable[str] = (),
         drift: Drift = "strict",
+        retention_s: float | None = None,
     ) -> None:
+        if retention_s is not None:
+            retention_ms(retention_s)  # ConfigError now, not at the first debate
         if store is not None and not durable:
             raise ConfigError("durable=False with a store: drop store= for a handler without "
                               "checkpoints, or drop durable=False to use the store")
@@ -122,20 +137,25 @@ class DebateHandler:
             if not (value > 0 and math.isfinite(value)):  # also rejects NaN
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
         self.debate = debate
+        self.presets = _preset_debates(debate, presets)
+        self._preset_runners: dict[str, DurableRunner] = {}
         self.durable = durable
         self.max_input_bytes = max_input_bytes
         self._lease_ttl_s = lease_ttl_s
         self._store_outage_s = store_outage_s
         self._owner = owner
         self._drift = drift
+        self._retention_s = retention_s
         self.runner: DurableRunner | None = None
         self._flights = _SingleFlight()
         if store is not None:
             self.runner = self._runner(store)
 
-    def _runner(self, store: CheckpointStore) -> DurableRunner:
-        return DurableRunner(self.debate, store, owner=self._owner, lease_ttl_s=self._lease_ttl_s,
-                             store_outage_s=self._store_outage_s, drift=self._drift)
+    def _runner(self, store: CheckpointStore, debate: Debate | None = None) -> DurableRunner:
+        return DurableRunner(debate or self.debate, store, owner=self._owner,
+                             lease_ttl_s=self._lease_ttl_s,
+                             store_outage_s=self._store_outage_s, drift=self._drift,
+                             retention_s=self._retention_s)
 
     @property
     def name(self) -> str:
@@ -162,13 +182,16 @@ class DebateHandler:
     def ask(self, payload: Mapping[str, Any], request_id: str | None) -> Ask:
         """What ``payload`` asks, validated: InputError says what to fix."""
         question = read_question(payload, self.max_input_bytes)
-        max_rounds = read_max_rounds(payload, self.debate.spec.max_rounds)
+        chosen = _read_preset(payload, self.presets)
+        debate = self.presets[chosen] if chosen is not None else self.debate
+        max_rounds = read_max_rounds(payload, debate.spec.max_rounds)
         named = read_debate_id(payload)
         debate_id = named or request_id or uuid.uuid4().hex
         if read_replay(payload) == "rerun":
             debate_id = f"{debate_id}~rerun-{uuid.uuid4().hex[:8]}"
         id_field = "debateId" if named else "requestId"
-        return Ask.of(question, max_rounds, debate_id, id_field, request_id)
+        return Ask.of(question, max_rounds, debate_id, id_field, request_id, chosen,
+                      read_depth(payload))
 
     async def __call__(
         self,
@@ -179,30 +202,82 @@ class DebateHandler:
     ) -> dict[str, Any]:
         """Run (or replay) the debate ``payload`` asks for: the payload merged with its
         ``debate*`` result fields."""
-        return (await self._answer(payload, request_id, on_event)).fields
+        return (await self._answer(payload, request_id, on_event, None)).fields
 
     async def handle(self, payload: Mapping[str, Any], ctx: HandlerContext) -> HandlerResult:
-        """The bus's call: as ``__call__``, with the request id and event sink of ``ctx``."""
-        return await self._answer(payload, ctx.request_id, ctx.on_event)
+        """The bus's call: as ``__call__``, with the request id and event sink of ``ctx``, and
+        sub-debates published on its transport."""
+        return await self._answer(payload, ctx.request_id, ctx.on_event, ctx)
 
     async def _answer(self, payload: Mapping[str, Any], request_id: str | None,
-                      on_event: OnEvent | None) -> HandlerResult:
+                      on_event: OnEvent | None, bus: HandlerContext | None) -> HandlerResult:
         ask = self.ask(payload, request_id)
-        fields, shared = await self._flights.run(ask, lambda: self._run(ask, on_event))
+        fields, shared = await self._flights.run(ask, lambda: self._run(ask, on_event, bus))
         # A stored result says so itself (the durable runner marks it); a shared one is marked here.
         replayed = shared or fields.get("debateReplayed") is True
         merged = {**payload, **fields, "debateReplayed": True} if shared else {**payload, **fields}
         failed = fields.get("debateStatus") == "failed"
         return HandlerResult("failed" if failed else "completed", merged, replayed)
 
-    async def _run(self, ask: Ask, on_event: OnEvent | None) -> Fields:
-        if self.runner is not None:
-            return await self.runner.run(ask, on_event)
-        result = await self.debate.run(
+    def _runner_for(self, ask: Ask) -> DurableRunner | None:
+        """The durable runner of the debate ``ask`` picks: the handler's own, or its preset's
+        (made on first use, on the same store)."""
+        if self.runner is None or ask.preset is None:
+            return self.runner
+        runner = self._preset_runners.get(ask.preset)
+        if runner is None:
+            runner = self._runner(self.runner.store, self.presets[ask.preset])
+            self._preset_runners[ask.preset] = runner
+        return runner
+
+    async def _run(self, ask: Ask, on_event: OnEvent | None, bus: HandlerContext | None) -> Fields:
+        debate = self.presets[ask.preset] if ask.preset is not None else self.debate
+        children = _bus_children(debate, bus, on_event)
+        runner = self._runner_for(ask)
+        if runner is not None:
+            return await runner.run(ask, on_event, children)
+        result = await debate.run(
             ask.question, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
-            request_id=ask.request_id,
+            request_id=ask.request_id, children=children, depth=ask.depth,
         )
         return result_fields(result)
+
+
+def _bus_children(debate: Debate, bus: HandlerContext | None,
+                  on_event: OnEvent | None) -> BusChildren | None:
+    """How ``debate``'s sub-debates run when it runs on a bus: event-type domains as requests
+    on ``bus``'s transport, the others here. None: no sub-debates, or no bus."""
+    if debate.sub_debates is None or bus is None or bus.transport is None:
+        return None
+    return BusChildren(bus.transport, bus.waiting, InProcessChildren(debate, on_event))
+
+
+def _preset_debates(debate: Debate, names: Iterable[str]) -> dict[str, Debate]:
+    """The presets a request may pick, each on ``debate``'s default llm."""
+    if isinstance(names, str):
+        raise ConfigError(f"presets= takes preset names, e.g. presets=[{names!r}], not a string")
+    chosen = list(names)
+    if chosen and debate.llm is None:
+        raise ConfigError(f"presets={chosen} are built on the default llm of debate "
+                          f"{debate.name!r}, which has none: pass llm=… to its Debate")
+    return {name: preset(name).debate(debate.llm) for name in chosen}
+
+
+def _read_preset(payload: Mapping[str, Any], served: Mapping[str, Debate]) -> str | None:
+    """``payload.preset``: None, or a preset this handler serves; InputError says what to send."""
+    name = payload.get("preset")
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise InputError(f"payload.preset must be a preset name (a string), got "
+                         f"{type(name).__name__}: send one of {sorted(served)} or no preset")
+    if name not in served:
+        what = "is not a preset" if name not in PRESETS else "is not served by this worker"
+        offer = (f"send one of {sorted(served)}" if served else
+                 "this worker serves none (enable them with as_handler(presets=[...]))")
+        raise InputError(f"payload.preset {name!r:.60} {what}: {offer}, or drop payload.preset "
+                         "to get this handler's own debate")
+    return name
 
 
 def no_default_store_warning(why: str) -> str:

@@ -10,8 +10,10 @@ from debatebus.exceptions import InputError
 
 __all__ = [
     "DEFAULT_MAX_INPUT_BYTES",
+    "MAX_DEPTH_LIMIT",
     "MAX_ROUNDS_LIMIT",
     "read_debate_id",
+    "read_depth",
     "read_max_rounds",
     "read_question",
     "read_replay",
@@ -20,6 +22,8 @@ __all__ = [
 DEFAULT_MAX_INPUT_BYTES = 64 * 1024
 #: No request may ask for more rounds than this, whatever the debate's own cap (which applies too).
 MAX_ROUNDS_LIMIT: Final = 1000
+#: The deepest sub-debate a request may say it is (the debate's ``max_depth`` caps it in practice).
+MAX_DEPTH_LIMIT: Final = 100
 
 
 def read_question(payload: Any, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> str:
@@ -53,18 +57,28 @@ def read_max_rounds(payload: Mapping[str, Any], cap: int) -> int | None:
     return min(_read_count(value, "payload.maxRounds", MAX_ROUNDS_LIMIT), cap)
 
 
-def _read_count(value: object, name: str, limit: int) -> int:
-    """``value`` as a whole number from 1 to ``limit``; a float without a fraction (``2.0``) is
-    accepted, since JSON does not tell them apart. InputError says what to send otherwise."""
-    send = f"send a whole number from 1 to {limit}"
+def read_depth(payload: Mapping[str, Any]) -> int:
+    """A sub-debate's ``depth`` (its parent's + 1, set by the parent's worker); 0 when absent.
+    ``parentDebateId``, sent with it, is only echoed."""
+    value = payload.get("depth")
+    if value is None:
+        return 0
+    return _read_count(value, "payload.depth", MAX_DEPTH_LIMIT, lowest=0)
+
+
+def _read_count(value: object, name: str, limit: int, *, lowest: int = 1) -> int:
+    """``value`` as a whole number from ``lowest`` to ``limit``; a float without a fraction
+    (``2.0``) is accepted, since JSON does not tell them apart. InputError says what to send
+    otherwise."""
+    send = f"send a whole number from {lowest} to {limit}"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}: {send}")
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError(f"{name} must be a finite number, got {value}: {send}")
     if value % 1:
         raise InputError(f"{name} must be a whole number, got {_shown(value)}: {send}")
-    if value < 1:
-        raise InputError(f"{name} must be an integer ≥ 1, got {_shown(value)}: {send}")
+    if value < lowest:
+        raise InputError(f"{name} must be an integer ≥ {lowest}, got {_shown(value)}: {send}")
     if value > limit:
         raise InputError(f"{name} is {_shown(value)}, over the limit of {limit}: {send}")
     return int(value)

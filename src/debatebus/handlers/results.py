@@ -11,14 +11,22 @@ from typing import Any
 import msgspec
 from pydantic import BaseModel
 
+from debatebus.engine.debate import DebateMetrics
 from debatebus.engine.result import DebateResult
 from debatebus.redaction import redact
+from debatebus.schemas.usage import TokenUsage
 
 __all__ = [
+    "RESULT_EXPIRED",
     "failure_fields",
     "result_fields",
     "to_builtins",
 ]
+
+#: Set (true) on the result of a debate that ran again because its stored result had expired
+#: (absent otherwise): the request's debate id had been answered before, longer ago than the
+#: store's retention.
+RESULT_EXPIRED = "debateResultExpired"
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -32,27 +40,48 @@ def to_builtins(value: Any) -> Any:
     return msgspec.to_builtins(value, enc_hook=_enc_hook)
 
 
+def _usage(usage: TokenUsage) -> dict[str, int]:
+    return {"promptTokens": usage.prompt_tokens, "completionTokens": usage.completion_tokens,
+            "totalTokens": usage.total_tokens}
+
+
+def _sub_debate_fields(result: DebateResult) -> dict[str, Any]:
+    """A debate that started sub-debates lists them; ``debateTokenUsage`` stays its own, and
+    ``debateTotalTokenUsage`` adds its children's (absent when it started none)."""
+    if not result.sub_debates:
+        return {}
+    return {
+        "debateSubDebates": [
+            {"domain": r.domain, "debateId": r.child_id, "requestedBy": r.requested_by,
+             "status": r.status, "synthesis": r.synthesis, "tokenUsage": _usage(r.usage),
+             "error": redact(r.error) if r.error else r.error}
+            for r in result.sub_debates
+        ],
+        "debateChildrenTokenUsage": _usage(result.children_usage),
+        "debateTotalTokenUsage": _usage(result.total_usage),
+    }
+
+
 def result_fields(result: DebateResult) -> dict[str, Any]:
     """The result fields of a debate that ran (``debateReplayed`` is false: a stored or shared
     result is marked where it is replayed); its error is redacted like ``failure_fields``'."""
-    usage = result.token_usage
+    metrics = DebateMetrics.of(result)
     return {
         "debateId": result.debate_id,
         "debateOutput": result.output,
         "debateSynthesis": result.synthesis,
         "debateRounds": len(result.rounds),
         "debateStatus": result.status,
-        "debateTokenUsage": {
-            "promptTokens": usage.prompt_tokens,
-            "completionTokens": usage.completion_tokens,
-            "totalTokens": usage.total_tokens,
-        },
+        "debateTokenUsage": _usage(result.token_usage),
         "debateTranscript": to_builtins(result.rounds),
         "debateVerdict": to_builtins(result.verdict),
-        "debatePhiHat": result.phi_hat,
+        "debatePhiHat": metrics.phi_hat,
+        "debateAgents": list(metrics.agents),
+        "debateDurationMs": metrics.duration_ms,
         "debateSatisfied": result.satisfied,
         "debateError": redact(result.error) if result.error else result.error,
         "debateReplayed": False,
+        **_sub_debate_fields(result),
     }
 
 

@@ -23,6 +23,7 @@ try:
         Counter,
         Gauge,
         Histogram,
+        Summary,
         make_wsgi_app,
     )
 except ImportError as exc:  # pragma: no cover - depends on the install
@@ -42,6 +43,8 @@ __all__ = ["DEFAULT_METRICS_HOST", "MetricsServer", "PrometheusObserver", "start
 #: Debates take seconds (fakes, small models) to tens of minutes (long protocols on big models).
 DEBATE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
 CALL_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
+#: Most asks for rate-limit budget are granted at once; a saturated limit makes calls wait seconds.
+WAIT_BUCKETS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _BY_TYPE = ("event_type",)
 
 
@@ -88,6 +91,15 @@ class PrometheusObserver(Observer):
             "debate_duration_seconds", "Time from taking a request to settling it, for debates "
             "that ran (outcome completed or failed).", (*_BY_TYPE, "outcome"),
             namespace=self._namespace, registry=self.registry, buckets=DEBATE_BUCKETS)
+        # Summaries (count and sum, so a mean): histograms here are durations, in seconds.
+        self.debate_phi_hat = Summary(
+            "debate_phi_hat", "Φ̂ of debates that ran: how much the participants' wording moved "
+            "(0..1; the result's debatePhiHat).", _BY_TYPE,
+            namespace=self._namespace, registry=self.registry)
+        self.debate_agents = Summary(
+            "debate_agents", "Participants with at least one turn that did not fail, per debate "
+            "that ran (the result's debateAgents).", _BY_TYPE,
+            namespace=self._namespace, registry=self.registry)
         self._by_outcome: dict[str, Counter] = {
             "completed": self.debates_completed, "failed": self.debates_failed,
             "replayed": self.debates_replayed, "bad_input": self.bad_inputs,
@@ -104,6 +116,14 @@ class PrometheusObserver(Observer):
         self.llm_call_duration = Histogram(
             "llm_call_duration_seconds", "Duration of one LLM call.", ("model", "purpose"),
             namespace=self._namespace, registry=self.registry, buckets=CALL_BUCKETS)
+        self.ratelimit_wait = Histogram(
+            "ratelimit_wait_seconds", "Time an LLM call waited for rate-limit budget, by limit "
+            "name (the model); zero waits included.", ("limit",),
+            namespace=self._namespace, registry=self.registry, buckets=WAIT_BUCKETS)
+
+    def ratelimit_waited(self, limit: str, seconds: float) -> None:
+        """A rate limiter's ``on_wait``: ``with_rate_limits(llm, on_wait=observer.ratelimit_waited)``."""
+        self.ratelimit_wait.labels(limit).observe(seconds)
 
     # ---- hooks --------------------------------------------------------------------------------
 
@@ -143,6 +163,16 @@ class PrometheusObserver(Observer):
             counter.labels(ctx.event_type).inc()
         if outcome in ("completed", "failed"):
             self.debate_duration.labels(ctx.event_type, outcome).observe(duration_s)
+            if result is not None:
+                self._observe_result(ctx.event_type, result.fields)
+
+    def _observe_result(self, event_type: str, fields: dict[str, Any]) -> None:
+        """Φ̂ and agents from the published result, so both tell the same figures."""
+        phi_hat, agents = fields.get("debatePhiHat"), fields.get("debateAgents")
+        if isinstance(phi_hat, int | float):
+            self.debate_phi_hat.labels(event_type).observe(phi_hat)
+        if isinstance(agents, list):
+            self.debate_agents.labels(event_type).observe(len(agents))
 
 
 #: The only path served; anything else is a 404.

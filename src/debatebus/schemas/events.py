@@ -3,6 +3,9 @@
 Every event carries the debate id and a sequence number that increases by 1 per event of a debate.
 On the wire each is a JSON object tagged by ``type`` (``"turn_completed"``, …) with camelCase fields.
 Versioning rule: new fields get defaults; a field's type never changes.
+
+A sub-debate's own events carry its ``depth`` (1 for a child, 0 — the default — for a top-level
+debate); its parent reports it with ``sub_debate_*`` events.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ __all__ = [
     "PhiUpdate",
     "RoundCompleted",
     "RoundStarted",
+    "SubDebateCompleted",
+    "SubDebateFailed",
+    "SubDebateSkipped",
+    "SubDebateStarted",
     "SynthesisCompleted",
     "TurnCompleted",
     "TurnFailed",
@@ -35,6 +42,7 @@ class _Event(msgspec.Struct, tag_field="type", rename="camel", kw_only=True, gc=
     debate_id: str
     seq: int
     request_id: str | None = None
+    depth: int = 0
 
     @property
     def kind(self) -> str:
@@ -123,6 +131,41 @@ class DebateFailed(_Event, tag="debate_failed", kw_only=True):
     duration_ms: float = 0.0
 
 
+class _SubDebateEvent(_Event, kw_only=True):
+    """About one child debate of this debate: its domain, who asked, and its request id (also its
+    debate id)."""
+
+    domain: str
+    requested_by: str
+    child_request_id: str
+
+
+class SubDebateStarted(_SubDebateEvent, tag="sub_debate_started", kw_only=True):
+    participants: list[str]  # empty when the child is served on the bus (its worker decides)
+    child_depth: int
+
+
+class SubDebateCompleted(_SubDebateEvent, tag="sub_debate_completed", kw_only=True):
+    synthesis: str
+    usage: TokenUsage = ZERO_USAGE
+
+
+class SubDebateFailed(_SubDebateEvent, tag="sub_debate_failed", kw_only=True):
+    """The child failed or timed out: the requester keeps its position without it."""
+
+    error: str
+    usage: TokenUsage = ZERO_USAGE
+
+
+class SubDebateSkipped(_Event, tag="sub_debate_skipped", kw_only=True):
+    """A sub-debate marker that started nothing (a cap reached, an unknown domain, a second marker
+    in one position): ignored, and said so here."""
+
+    domain: str
+    requested_by: str
+    reason: str
+
+
 DebateEvent = (
     DebateStarted
     | FramingCompleted
@@ -133,6 +176,10 @@ DebateEvent = (
     | RoundCompleted
     | PhiUpdate
     | SynthesisCompleted
+    | SubDebateStarted
+    | SubDebateCompleted
+    | SubDebateFailed
+    | SubDebateSkipped
     | DebateCompleted
     | DebateFailed
 )
@@ -147,6 +194,10 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     RoundCompleted,
     PhiUpdate,
     SynthesisCompleted,
+    SubDebateStarted,
+    SubDebateCompleted,
+    SubDebateFailed,
+    SubDebateSkipped,
     DebateCompleted,
     DebateFailed,
 )

@@ -1,0 +1,123 @@
+"""Sub-debates on a bus: a child debate is a request like any other, served by whichever worker
+subscribes to its domain's event type.
+
+``BusChildren`` is the ``ChildRunner`` a ``DebateHandler`` gives its debate when it runs on a bus.
+For a domain mapped to an event type it publishes ``{"requestId": <child id>, "payload":
+{"input": <child question>, "parentDebateId", "depth"}}`` and waits, with the worker's slot lent
+out (``HandlerContext.waiting``), for ``event:<type>:completed|failed`` of that request id. A
+durable parent commits the child's record in its checkpoint before publishing (``commit``), so a
+resumed parent waits for the same child instead of publishing a second one; and a child whose
+result is already in the store (same store, debate id = request id) is not waited for at all.
+Domains mapped to a panel or a ``Debate`` run in this process (``local``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from debatebus.checkpoints.base import CheckpointStore
+from debatebus.client import request_message
+from debatebus.engine.subdebates import ChildOutcome, ChildRequest, ChildRunner, SubDebateRecord
+from debatebus.handlers.checkpointing import decode_result
+from debatebus.schemas.envelope import ENVELOPE_DECODER, completed_topic, failed_topic
+from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.transports.base import Delivery, Transport
+
+if TYPE_CHECKING:
+    from debatebus.engine.result import Progress
+
+__all__ = ["BusChildren", "CommitChild", "child_payload", "outcome_of"]
+
+#: Commits a child's record in the parent's checkpoint; False when it was there already (a
+#: resumed parent: its request was published by the run that committed it).
+CommitChild = Callable[[SubDebateRecord, "Progress"], Awaitable[bool]]
+
+
+def child_payload(request: ChildRequest) -> dict[str, Any]:
+    """A child request's payload: its question, its parent's debate id and its depth."""
+    return {"input": request.question, "parentDebateId": request.parent_id,
+            "depth": request.depth}
+
+
+def _usage(fields: Mapping[str, Any]) -> TokenUsage:
+    raw = fields.get("debateTotalTokenUsage") or fields.get("debateTokenUsage")
+    if not isinstance(raw, Mapping):
+        return ZERO_USAGE
+    return TokenUsage(int(raw.get("promptTokens", 0)), int(raw.get("completionTokens", 0)),
+                      int(raw.get("totalTokens", 0)))
+
+
+def outcome_of(fields: Mapping[str, Any]) -> ChildOutcome:
+    """A child's result fields (published or stored) as the outcome the parent's engine takes."""
+    usage = _usage(fields)
+    if fields.get("debateStatus") != "completed":
+        error = fields.get("debateError")
+        return ChildOutcome("failed", usage=usage,
+                            error=str(error) if error else "the child debate failed")
+    synthesis = fields.get("debateSynthesis") or fields.get("debateOutput")
+    return ChildOutcome("completed", str(synthesis) if synthesis else "", usage)
+
+
+@dataclass(frozen=True, slots=True)
+class BusChildren:
+    """Runs each event-type child on ``transport``, waiting inside ``waiting()``; other targets
+    go to ``local``. ``store`` (the parent's checkpoint store, shared with the children's
+    workers) and ``commit`` are a durable parent's; the parent's engine bounds the wait."""
+
+    transport: Transport
+    waiting: Callable[[], contextlib.AbstractAsyncContextManager[None]]
+    local: ChildRunner
+    store: CheckpointStore | None = None
+    commit: CommitChild | None = None
+
+    async def __call__(self, request: ChildRequest) -> ChildOutcome:
+        event_type = request.target
+        if not isinstance(event_type, str):
+            return await self.local(request)
+        stored = await self._stored(request.child_id)
+        if stored is not None:
+            return stored
+        topics = [completed_topic(event_type), failed_topic(event_type)]
+        subscription = await self.transport.subscribe(topics)  # listening before publishing
+        try:
+            stored = await self._stored(request.child_id)  # finished while we subscribed
+            if stored is not None:
+                return stored
+            if await self._committed_now(request):
+                await self.transport.publish(request_message(
+                    event_type, child_payload(request), request_id=request.child_id,
+                    correlation_id=request.parent_id))
+            async with self.waiting():
+                return await _answer(subscription, request.child_id)
+        finally:
+            await subscription.aclose()  # type: ignore[attr-defined]
+
+    async def _stored(self, child_id: str) -> ChildOutcome | None:
+        if self.store is None:
+            return None
+        data = await self.store.get_result(child_id)
+        return None if data is None else outcome_of(decode_result(data).fields)
+
+    async def _committed_now(self, request: ChildRequest) -> bool:
+        """Commit the child's record before its request is published; False when an earlier run
+        of the parent committed (and so published) it."""
+        if self.commit is None:
+            return True
+        record = next(r for r in request.parent_progress.sub_debates
+                      if r.child_id == request.child_id)
+        return await self.commit(record, request.parent_progress)
+
+
+async def _answer(subscription: AsyncIterator[Delivery], child_id: str) -> ChildOutcome:
+    """The first result published for ``child_id``; others' results are skipped."""
+    async for delivery in subscription:
+        try:
+            envelope = ENVELOPE_DECODER.decode(delivery.body)
+        except Exception:  # not an envelope of ours: someone else's message on a result topic
+            continue
+        if envelope.request_id == child_id:
+            return outcome_of(envelope.payload)
+    return ChildOutcome("failed", error="the subscription to the child's results ended")
