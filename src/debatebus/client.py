@@ -16,6 +16,7 @@ from debatebus.schemas.envelope import (
     Envelope,
     completed_topic,
     failed_topic,
+    new_message_id,
     now_iso,
 )
 from debatebus.transports import Delivery, Outgoing, Transport, broker_url, transport_from_url
@@ -58,12 +59,14 @@ class BusClient:
 
     async def request(self, event_type: str, payload: Mapping[str, Any], *,
                       request_id: str | None = None, timeout: float = 300.0,
+                      correlation_id: str | None = None,
                       headers: Mapping[str, str] | None = None) -> Envelope:
         """Publish a request and return its result envelope (``payload["debateStatus"]``)."""
         rid = request_id or uuid.uuid4().hex
         topics = [completed_topic(event_type), failed_topic(event_type)]
         subscription = await self.transport.subscribe(topics)  # listening before we publish
-        await self.publish(event_type, payload, request_id=rid, headers=headers)
+        await self.publish(event_type, payload, request_id=rid, correlation_id=correlation_id,
+                           headers=headers)
         try:
             async with asyncio.timeout(timeout):
                 async for delivery in subscription:
@@ -83,11 +86,12 @@ class BusClient:
 def request_message(event_type: str, payload: Mapping[str, Any], *, request_id: str | None = None,
                     correlation_id: str | None = None,
                     headers: Mapping[str, str] | None = None) -> Outgoing:
-    """A request envelope ready to publish, carrying the current trace context when there is one."""
+    """A request envelope with a fresh ``messageId``, ready to publish, carrying the current trace
+    context when there is one."""
     rid = request_id or uuid.uuid4().hex
     body = ENVELOPE_ENCODER.encode(Envelope(
-        request_id=rid, payload=dict(payload), type=event_type, correlation_id=correlation_id,
-        timestamp=now_iso(), headers=inject_traceparent(headers)))
+        request_id=rid, payload=dict(payload), message_id=new_message_id(), type=event_type,
+        correlation_id=correlation_id, timestamp=now_iso(), headers=inject_traceparent(headers)))
     return Outgoing(event_type, body, key=rid)
 
 

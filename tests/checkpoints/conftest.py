@@ -20,21 +20,25 @@ KINDS = ["memory", "sqlite", pytest.param("redis-resp2", marks=pytest.mark.redis
 @dataclass
 class Backend:
     """Where a store keeps its data. ``make()`` opens another store on the same data, as a second
-    worker would (the memory backend can only hand back the same instance)."""
+    worker would (the memory backend can only hand back the same instance); ``retained(s)`` opens
+    a store on the same data whose own retention is ``s`` seconds (memory: a store of its own)."""
 
     name: str
     make: Callable[[], CheckpointStore]
     durable: bool  # a new store instance sees what an earlier one wrote
+    retained: Callable[[float], CheckpointStore]
 
 
 def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     shared = MemoryCheckpointStore()
-    return Backend("memory", lambda: shared, durable=False)
+    return Backend("memory", lambda: shared, durable=False,
+                   retained=lambda s: MemoryCheckpointStore(retention_s=s))
 
 
 def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     path = tmp_path / "checkpoints.db"
-    return Backend("sqlite", lambda: SQLiteCheckpointStore(path), durable=True)
+    return Backend("sqlite", lambda: SQLiteCheckpointStore(path), durable=True,
+                   retained=lambda s: SQLiteCheckpointStore(path, retention_s=s))
 
 
 def _redis(protocol: int) -> Callable[[pytest.FixtureRequest, Path], Backend]:
@@ -44,7 +48,8 @@ def _redis(protocol: int) -> Callable[[pytest.FixtureRequest, Path], Backend]:
         url = with_protocol(request.getfixturevalue("redis_server").url, protocol)
         # A fresh prefix per test: the session's redis-server is shared by every test.
         prefix = f"test-{uuid.uuid4().hex[:12]}"
-        return Backend("redis", lambda: RedisCheckpointStore(url, prefix=prefix), durable=True)
+        return Backend("redis", lambda: RedisCheckpointStore(url, prefix=prefix), durable=True,
+                       retained=lambda s: RedisCheckpointStore(url, prefix=prefix, retention_s=s))
     return make
 
 

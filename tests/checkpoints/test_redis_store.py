@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import Iterator
 
@@ -98,16 +99,17 @@ async def test_key_layout(redis_url: str) -> None:
             assert 0 < await client.pttl(f"{prefix}:{{d1}}:lease") <= 60_000
             await store.put_result("d1", b"r")
             assert await client.get(f"{prefix}:{{d1}}:result") == b"r"
+            assert await client.get(f"{prefix}:{{d1}}:done") == b"1"
             assert await client.exists(f"{prefix}:{{d1}}:ckpt") == 0
-            # Nothing else: every key of the store is one of a debate's three.
+            # Nothing else: every key of the store is one of a debate's four.
             assert sorted(await client.keys(f"{prefix}:*")) == [
-                f"{prefix}:{{d1}}:lease".encode(), f"{prefix}:{{d1}}:result".encode()]
+                f"{prefix}:{{d1}}:{name}".encode() for name in ("done", "lease", "result")]
     finally:
         await client.aclose()
 
 
 async def test_a_debates_keys_share_one_hash_slot(redis_server: RedisServer) -> None:
-    """On a Redis Cluster the start/finish scripts touch all three keys: one slot, or CROSSSLOT."""
+    """On a Redis Cluster the start/finish scripts touch all four keys: one slot, or CROSSSLOT."""
     prefix = _prefix()
     client = Redis.from_url(redis_server.url)
     try:
@@ -116,22 +118,51 @@ async def test_a_debates_keys_share_one_hash_slot(redis_server: RedisServer) -> 
                 await store.start(debate_id, "w1", 60, b"h")
                 keys = set(await client.keys(f"{prefix}:*"))  # checkpoint and lease
                 await store.put_result(debate_id, b"r")
-                keys |= set(await client.keys(f"{prefix}:*"))  # lease and result
-                assert len(keys) == 3, keys
+                keys |= set(await client.keys(f"{prefix}:*"))  # lease, result, finished marker
+                assert len(keys) == 4, keys
                 assert len({key_slot(key) for key in keys}) == 1, keys
                 await client.delete(*keys)
     finally:
         await client.aclose()
 
 
-async def test_results_expire_with_result_ttl(redis_url: str) -> None:
-    async with RedisCheckpointStore(redis_url, prefix=_prefix(),
-                                    result_ttl_s=0.3) as store:
-        await store.put_result("d1", b"r")
-        assert await store.get_result("d1") == b"r"
-        await asyncio.sleep(1.0)
-        assert await store.get_result("d1") is None
-        assert await store.has_results(["d1"]) == [False]
+async def test_every_write_sets_the_expiry_of_what_it_writes(redis_url: str) -> None:
+    """Redis expires the keys itself: each carries its PTTL from the write that made it."""
+    prefix, hour = _prefix(), 3600_000
+    client = Redis.from_url(redis_url)
+
+    async def pttl(debate_id: str, name: str) -> int:
+        return int(await client.pttl(f"{prefix}:{{{debate_id}}}:{name}"))
+
+    try:
+        async with RedisCheckpointStore(client, prefix=prefix, retention_s=3600) as store:
+            assert await pttl("d1", "ckpt") == -2  # no such key
+            await store.start("d1", "w1", 30, b"h")
+            assert hour - 5000 < await pttl("d1", "ckpt") <= hour
+            assert 0 < await pttl("d1", "lease") <= 30_000  # leases keep their own TTL
+            await store.append_many("d1", [b"e1"], Counters(), retention_s=7200)
+            assert 2 * hour - 5000 < await pttl("d1", "ckpt") <= 2 * hour
+            await store.finish("d1", "w1", b"r")
+            assert hour - 5000 < await pttl("d1", "result") <= hour
+            assert 2 * hour - 5000 < await pttl("d1", "done") <= 2 * hour
+            await store.begin("d2", b"h", retention_s=60)
+            assert 55_000 < await pttl("d2", "ckpt") <= 60_000
+            await store.put_result("d2", b"r", retention_s=math.inf)  # kept forever
+            assert await pttl("d2", "result") == -1
+            assert await pttl("d2", "done") == -1
+    finally:
+        await client.aclose()
+
+
+async def test_default_retention_is_seven_days(redis_url: str) -> None:
+    prefix, week = _prefix(), 7 * 24 * 3600_000
+    client = Redis.from_url(redis_url)
+    try:
+        async with RedisCheckpointStore(client, prefix=prefix) as store:
+            await store.put_result("d1", b"r")
+            assert week - 5000 < await client.pttl(f"{prefix}:{{d1}}:result") <= week
+    finally:
+        await client.aclose()
 
 
 async def test_works_without_async_with(redis_url: str) -> None:

@@ -156,15 +156,47 @@ async def test_ticker_keeps_ticking_during_appends(tmp_path: Path) -> None:
     assert ticks >= 200
 
 
-async def test_results_expire_with_result_ttl(tmp_path: Path) -> None:
-    async with SQLiteCheckpointStore(tmp_path / "ttl.db", result_ttl_s=0.3) as store:
-        await store.put_result("d1", b"r")
-        assert await store.get_result("d1") == b"r"
-        await asyncio.sleep(1.0)
-        assert await store.get_result("d1") is None
-        assert await store.has_results(["d1"]) == [False]
-        await store.put_result("d2", b"r2")  # sweeps the expired row
-        assert await store.has_results(["d1", "d2"]) == [False, True]
+def _rows(path: Path) -> dict[str, int]:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return {table: db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("checkpoints", "entries", "results", "finished")}
+
+
+async def test_purge_deletes_what_expired(tmp_path: Path) -> None:
+    path = tmp_path / "ttl.db"
+    async with SQLiteCheckpointStore(path, retention_s=0.3) as store:
+        await store.begin("c1", b"h")
+        await store.append("c1", b"e1", Counters(calls=1))
+        await store.put_result("r1", b"r")
+        await store.begin("kept", b"h", retention_s=60)
+        assert await store.purge_expired() == 0
+        await asyncio.sleep(0.5)  # past the retention, not past the marker (kept 0.6 s)
+        assert await store.purge_expired() == 2  # checkpoint c1 (with its entry) and result r1
+        assert _rows(path) == {"checkpoints": 1, "entries": 0, "results": 0, "finished": 1}
+        assert await store.result_expired("r1") is True
+        await asyncio.sleep(0.3)
+        assert await store.purge_expired() == 0
+        assert _rows(path)["finished"] == 0  # the marker went too
+        assert await store.result_expired("r1") is False
+        assert await store.begin("kept", b"other") == b"h"
+
+
+async def test_a_file_from_before_retention_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(
+            "CREATE TABLE checkpoints (debate_id TEXT PRIMARY KEY, header BLOB NOT NULL, "
+            "n_entries INTEGER NOT NULL DEFAULT 0, prompt_tokens INTEGER NOT NULL DEFAULT 0, "
+            "completion_tokens INTEGER NOT NULL DEFAULT 0, total_tokens INTEGER NOT NULL "
+            "DEFAULT 0, calls INTEGER NOT NULL DEFAULT 0);"
+            "INSERT INTO checkpoints (debate_id, header) VALUES ('old', x'68');")
+    async with SQLiteCheckpointStore(path) as store:
+        loaded = await store.load("old")  # no expiry: kept as before
+        assert loaded is not None and loaded.header == b"h"
+        await store.append("old", b"e1", Counters(calls=1))
+        await store.begin("new", b"h2")
+    async with SQLiteCheckpointStore(path) as again:  # migrating twice is a no-op
+        assert await again.begin("new", b"other") == b"h2"
 
 
 async def test_works_without_async_with_and_closes_twice(tmp_path: Path) -> None:

@@ -334,3 +334,66 @@ async def test_finish_stores_the_result_drops_the_checkpoint_and_frees_the_lease
 async def test_append_many_before_start_is_refused(store: CheckpointStore) -> None:
     with pytest.raises(ConfigError):
         await store.append_many("never-started", [b"x"], usage(1))
+
+
+# ---- retention --------------------------------------------------------------------------------
+
+KEEP = 1.0  # retention for expiry tests
+PAST_KEEP = 1.3  # past KEEP, not yet past the finished marker (kept 2 * KEEP)
+
+
+async def test_checkpoints_expire_retention_after_their_last_write(store: CheckpointStore) -> None:
+    # The store keeps 7 days; the calls ask for KEEP (as a handler's retention_s does).
+    await store.start("k1", "me", LONG, b"h", retention_s=KEEP)
+    await asyncio.sleep(0.7)
+    await store.append_many("k1", [b"r1"], usage(1), retention_s=KEEP)  # retention starts again
+    await asyncio.sleep(0.7)  # past KEEP since start, not since the append
+    loaded = await store.load("k1")
+    assert loaded is not None and loaded.entries == [b"r1"]
+    await asyncio.sleep(PAST_KEEP)
+    assert await store.load("k1") is None
+    assert await store.size_bytes("k1") == 0
+    with pytest.raises(ConfigError, match="before begin"):
+        await store.append("k1", b"r2", usage(2))
+    assert await store.begin("k1", b"h2") == b"h2"  # an expired checkpoint is not resumed
+    loaded = await store.load("k1")
+    assert loaded is not None and loaded.entries == []
+
+
+async def test_results_expire_and_a_rerun_knows_it(backend: Backend) -> None:
+    async with backend.retained(KEEP) as store:
+        assert store.retention_s == KEEP
+        await store.put_result("y", b"other")
+        await store.start("x", "me", LONG, b"h")
+        await store.finish("x", "me", b"result")
+        assert await store.get_result("x") == b"result"
+        assert await store.result_expired("x") is False
+        await asyncio.sleep(PAST_KEEP)
+        assert await store.get_result("x") is None
+        assert await store.has_results(["x", "y"]) == [False, False]
+        assert await store.result_expired("x") is True
+        assert await store.result_expired("never") is False
+        opening = await store.start("x", "me-again", LONG, b"h")
+        assert opening.acquired and opening.result is None and opening.expired
+        assert opening.checkpoint is not None and opening.checkpoint.entries == []
+        await store.finish("x", "me-again", b"result-2")
+        assert await store.get_result("x") == b"result-2"
+        assert await store.result_expired("x") is False
+        await asyncio.sleep(2 * KEEP + 0.3 - PAST_KEEP)  # past the marker of "y"
+        assert await store.result_expired("y") is False
+
+
+async def test_a_fresh_start_is_not_marked_expired(store: CheckpointStore) -> None:
+    opening = await store.start("fresh", "me", LONG, b"h")
+    assert opening.acquired and not opening.expired
+
+
+@pytest.mark.parametrize("retention", [0, -1.0, float("nan")])
+async def test_nonsense_retention_is_refused(backend: Backend, store: CheckpointStore,
+                                             retention: float) -> None:
+    with pytest.raises(ConfigError, match="retention_s"):
+        backend.retained(retention)
+    with pytest.raises(ConfigError, match="retention_s"):
+        await store.put_result("d1", b"r", retention_s=retention)
+    with pytest.raises(ConfigError, match="retention_s"):
+        await store.start("d1", "me", LONG, b"h", retention_s=retention)

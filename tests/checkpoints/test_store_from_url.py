@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.checkpoints.conftest import redis_url
 
 from debatebus.checkpoints import (
     MemoryCheckpointStore,
@@ -15,6 +17,8 @@ from debatebus.checkpoints import (
     store_from_url,
 )
 from debatebus.exceptions import ConfigError
+
+__all__ = ["redis_url"]  # the fixture
 
 
 def test_memory() -> None:
@@ -33,9 +37,41 @@ def test_memory() -> None:
     ],
 )
 def test_sqlite(url: str, path: str) -> None:
-    store = store_from_url(url, result_ttl_s=60)
+    store = store_from_url(url, retention_s=60)
     assert isinstance(store, SQLiteCheckpointStore)
     assert store.path == path
+    assert store.retention_s == 60
+
+
+@pytest.mark.parametrize(
+    ("query", "seconds"),
+    [("retention=7d", 7 * 86400), ("retention=12h", 43200), ("retention=30m", 1800),
+     ("retention=90s", 90), ("retention=3600", 3600), ("retention=0.5", 0.5),
+     ("retention=never", math.inf), ("", 7 * 86400)],
+)
+@pytest.mark.parametrize("base", ["memory://", "sqlite:///tmp/ckpt.db", "redis://h:6390/0"])
+def test_retention_from_the_url(base: str, query: str, seconds: float) -> None:
+    store = store_from_url(f"{base}?{query}" if query else base)
+    assert store.retention_s == seconds
+
+
+@pytest.mark.redis
+async def test_retention_is_taken_out_of_the_redis_url(redis_url: str) -> None:
+    # redis-py refuses a query parameter it does not know: the store must not pass it on.
+    async with store_from_url(f"{redis_url}&retention=1d", prefix="url-test") as store:
+        assert store.retention_s == 86400
+        await store.put_result("d1", b"r")
+        assert await store.get_result("d1") == b"r"
+
+
+def test_an_explicit_retention_wins_over_the_url() -> None:
+    assert store_from_url("memory://?retention=1d", retention_s=5).retention_s == 5
+
+
+@pytest.mark.parametrize("value", ["", "0", "-1d", "soon", "7w", "nan", "inf"])
+def test_bad_retention_in_the_url(value: str) -> None:
+    with pytest.raises(ConfigError, match="retention="):
+        store_from_url(f"memory://?retention={value}")
 
 
 @pytest.mark.parametrize("url", ["redis://localhost:6379/0", "rediss://user:pw@host:6380/2"])

@@ -240,6 +240,19 @@ async def test_health_says_when_the_broker_cannot_be_followed(monkeypatch: pytes
     assert "cannot reach Redis" in response.json()["error"]
 
 
+async def test_an_empty_page_says_why_and_how_to_fix_it() -> None:
+    async with serving(create_app(MemoryTransport(MemoryBroker()))) as base, \
+            httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as http:
+        page = (await http.get("/")).text
+        assert (await http.get("/api/debates")).json()["debates"] == []
+    empty = page[page.index('id="no-debates"'):]
+    empty = " ".join(empty[:empty.index("</div>")].split())
+    assert "workers do not by default" in empty
+    assert "DebateBus(…, publish_events=True)" in empty
+    assert "--events-topic" in empty
+    assert '$("no-debates").hidden = debates.length > 0' in page  # shown only while empty
+
+
 def test_web_command_checks_its_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["web", "--broker", "memory://", "--history", "0"])

@@ -8,7 +8,14 @@ every store has the same semantics and the same contract tests. Per debate id a 
   counters (token usage and calls) overwritten with each append — storage grows linearly with the
   transcript, never rewriting it;
 - the final result, once the debate has ended;
-- a lease: which worker runs the debate now, until when.
+- a lease: which worker runs the debate now, until when;
+- once the result is stored, a marker that the debate finished.
+
+**Retention.** Checkpoints and results expire ``retention_s`` after their last write (the store's
+own, ``DEFAULT_RETENTION_S`` unless given; a handler may pass its own to every write call;
+``math.inf`` keeps them forever). The finished marker outlives the result by one more retention
+period, so a request for a debate whose result expired is known as such (``Opening.expired``) and
+its re-run says so. Leases keep their own short TTL.
 
 Every call of a store that does I/O is bounded by the store's own ``timeout_s``
 (``DEFAULT_TIMEOUT_S`` unless given): past it the call raises ``TransportError``, so no debate waits
@@ -19,14 +26,38 @@ store arms one timer per pipeline of calls, not one per call.
 from __future__ import annotations
 
 import abc
+import math
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-__all__ = ["DEFAULT_TIMEOUT_S", "CheckpointStore", "Counters", "Lease", "Opening", "StoredCheckpoint"]
+from debatebus.exceptions import ConfigError
+
+__all__ = [
+    "DEFAULT_RETENTION_S",
+    "DEFAULT_TIMEOUT_S",
+    "CheckpointStore",
+    "Counters",
+    "Lease",
+    "Opening",
+    "StoredCheckpoint",
+    "retention_kw",
+    "retention_ms",
+]
 
 #: How long a store call may take before it fails with ``TransportError`` (seconds).
 DEFAULT_TIMEOUT_S = 10.0
+#: How long checkpoints and results are kept after their last write (seconds): 7 days.
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+
+
+def retention_ms(retention_s: float) -> int | None:
+    """A retention in whole milliseconds (Redis PX granularity); None for ``math.inf`` (keep
+    forever). ``ConfigError`` for anything but a positive number of seconds."""
+    if not retention_s > 0:  # also rejects NaN
+        raise ConfigError(f"retention_s must be a positive number of seconds (math.inf: keep "
+                          f"forever), got {retention_s!r}")
+    return None if math.isinf(retention_s) else max(1, round(retention_s * 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,13 +84,15 @@ class Lease:
 @dataclass(frozen=True, slots=True)
 class Opening:
     """What ``start`` found: the stored result of a finished debate; or, when the lease was
-    taken, the header now stored and the committed checkpoint; or the live lease of another."""
+    taken, the header now stored, the committed checkpoint and whether the debate's earlier
+    result expired; or the live lease of another."""
 
     result: bytes | None = None
     acquired: bool = False
     header: bytes | None = None
     checkpoint: StoredCheckpoint | None = None
     lease: Lease | None = None
+    expired: bool = False
 
 
 def require_entries(entries: list[bytes]) -> None:
@@ -68,8 +101,26 @@ def require_entries(entries: list[bytes]) -> None:
         raise ValueError("append_many() needs at least one entry")
 
 
+def retention_kw(retention_s: float | None) -> dict[str, float]:
+    """``retention_s`` as keyword arguments of a store call: none when None (the store's own), so
+    a store subclass that overrides a call without the keyword (written before retention
+    existed) keeps working wherever no retention of its own is asked for."""
+    return {} if retention_s is None else {"retention_s": retention_s}
+
+
 class CheckpointStore(abc.ABC):
-    """Checkpoints, results and leases by debate id. Implementations: memory, SQLite, Redis."""
+    """Checkpoints, results and leases by debate id. Implementations: memory, SQLite, Redis.
+
+    Every call that writes a checkpoint or a result takes ``retention_s``: None for the store's
+    own (``self.retention_s``), else how long to keep what it writes."""
+
+    def __init__(self, *, retention_s: float = DEFAULT_RETENTION_S) -> None:
+        self._retention_ms = retention_ms(retention_s)
+        self.retention_s = retention_s
+
+    def keep_ms(self, retention_s: float | None) -> int | None:
+        """How long to keep what a call writes, in ms (None: forever)."""
+        return self._retention_ms if retention_s is None else retention_ms(retention_s)
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -89,12 +140,16 @@ class CheckpointStore(abc.ABC):
     # ---- checkpoints --------------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def begin(self, debate_id: str, header: bytes) -> bytes:
-        """Write ``header`` unless the debate already has one; return the header now stored."""
+    async def begin(self, debate_id: str, header: bytes, *,
+                    retention_s: float | None = None) -> bytes:
+        """Write ``header`` unless the debate already has a live one; return the header now
+        stored."""
 
     @abc.abstractmethod
-    async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
-        """Append one entry and overwrite the counters, atomically; return the entry count."""
+    async def append(self, debate_id: str, entry: bytes, counters: Counters, *,
+                     retention_s: float | None = None) -> int:
+        """Append one entry and overwrite the counters, atomically; return the entry count.
+        The checkpoint's retention starts again."""
 
     @abc.abstractmethod
     async def load(self, debate_id: str) -> StoredCheckpoint | None:
@@ -107,11 +162,17 @@ class CheckpointStore(abc.ABC):
     # ---- results ------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def put_result(self, debate_id: str, result: bytes) -> None:
-        """Store the final result (overwriting), and drop the checkpoint entries it supersedes."""
+    async def put_result(self, debate_id: str, result: bytes, *,
+                         retention_s: float | None = None) -> None:
+        """Store the final result (overwriting) and the finished marker, and drop the checkpoint
+        entries it supersedes."""
 
     @abc.abstractmethod
     async def get_result(self, debate_id: str) -> bytes | None: ...
+
+    @abc.abstractmethod
+    async def result_expired(self, debate_id: str) -> bool:
+        """Whether the debate's result expired (its finished marker is still kept)."""
 
     @abc.abstractmethod
     async def has_results(self, debate_ids: list[str]) -> list[bool]:
@@ -119,7 +180,8 @@ class CheckpointStore(abc.ABC):
 
     # ---- composite steps (one round trip each where the store can) ---------------------------
 
-    async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes) -> Opening:
+    async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes, *,
+                    retention_s: float | None = None) -> Opening:
         """A delivery's first step: the result if the debate finished; else take the lease and
         write the header if absent, returning what is committed; else who holds the lease."""
         result = await self.get_result(debate_id)
@@ -130,21 +192,24 @@ class CheckpointStore(abc.ABC):
         result = await self.get_result(debate_id)  # finished just before we took the lease
         if result is not None:
             return Opening(result=result, acquired=True)
-        first = await self.begin(debate_id, header)
-        return Opening(acquired=True, header=first, checkpoint=await self.load(debate_id))
+        first = await self.begin(debate_id, header, **retention_kw(retention_s))
+        return Opening(acquired=True, header=first, checkpoint=await self.load(debate_id),
+                       expired=await self.result_expired(debate_id))
 
-    async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
+    async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters, *,
+                          retention_s: float | None = None) -> int:
         """Append several entries (at least one: e.g. the framing with round 1), atomically where
         the store can; the counters after the last. Returns the entry count."""
         require_entries(entries)
         count = 0
         for entry in entries:
-            count = await self.append(debate_id, entry, counters)
+            count = await self.append(debate_id, entry, counters, **retention_kw(retention_s))
         return count
 
-    async def finish(self, debate_id: str, owner: str, result: bytes) -> None:
+    async def finish(self, debate_id: str, owner: str, result: bytes, *,
+                     retention_s: float | None = None) -> None:
         """Store the final result and release our lease."""
-        await self.put_result(debate_id, result)
+        await self.put_result(debate_id, result, **retention_kw(retention_s))
         await self.release_lease(debate_id, owner)
 
     # ---- leases -------------------------------------------------------------------------------

@@ -1,24 +1,52 @@
 """In-process checkpoint store: for tests, the embedded demo and single-process runs.
 
-Nothing survives the process; leases only arbitrate between tasks of this process.
+Nothing survives the process; leases only arbitrate between tasks of this process. What expired
+is invisible at once and swept out by a write at most every ``PURGE_EVERY_S`` (or by
+``purge_expired``).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from debatebus.checkpoints._common import COUNTERS_SIZE, lease_ttl_ms, not_begun
-from debatebus.checkpoints.base import CheckpointStore, Counters, Lease, StoredCheckpoint
+from debatebus.checkpoints._common import (
+    COUNTERS_SIZE,
+    Sweeps,
+    lease_ttl_ms,
+    marker_ms,
+    not_begun,
+)
+from debatebus.checkpoints.base import (
+    DEFAULT_RETENTION_S,
+    CheckpointStore,
+    Counters,
+    Lease,
+    StoredCheckpoint,
+)
 
 __all__ = ["MemoryCheckpointStore"]
+
+
+def _until(now: float, keep_ms: int | None) -> float:
+    """When something written at ``now`` (time.monotonic()) and kept ``keep_ms`` expires."""
+    return math.inf if keep_ms is None else now + keep_ms / 1000
 
 
 @dataclass(slots=True)
 class _Checkpoint:
     header: bytes
+    expires_at: float
     entries: list[bytes] = field(default_factory=list)
     counters: Counters = field(default_factory=Counters)
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    body: bytes
+    expires_at: float
+    forget_at: float  # when the finished marker goes too
 
 
 @dataclass(slots=True)
@@ -34,48 +62,99 @@ class MemoryCheckpointStore(CheckpointStore):
     """Dicts keyed by debate id. Every method completes without awaiting, so each is atomic
     with respect to other tasks on the loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, retention_s: float = DEFAULT_RETENTION_S) -> None:
+        super().__init__(retention_s=retention_s)
         self._checkpoints: dict[str, _Checkpoint] = {}
-        self._results: dict[str, bytes] = {}
+        self._results: dict[str, _Result] = {}
         self._leases: dict[str, _HeldLease] = {}
+        self._sweeps = Sweeps()
+
+    def purge_expired(self) -> int:
+        """Drop every expired checkpoint and result body, and every marker past its time; how
+        many checkpoints and results went."""
+        now = time.monotonic()
+        gone = [i for i, c in self._checkpoints.items() if c.expires_at <= now]
+        for debate_id in gone:
+            del self._checkpoints[debate_id]
+        expired = [i for i, r in self._results.items() if r.expires_at <= now and r.body]
+        for debate_id in expired:  # the body goes; the marker stays until forget_at
+            self._results[debate_id] = replace(self._results[debate_id], body=b"")
+        forgotten = [i for i, r in self._results.items() if r.forget_at <= now]
+        for debate_id in forgotten:
+            del self._results[debate_id]
+        return len(gone) + len(expired)
+
+    def _now(self) -> float:
+        """The time for a write, which sweeps out what expired when a sweep is due."""
+        now = time.monotonic()
+        if self._sweeps.due(now):
+            self.purge_expired()
+        return now
+
+    def _live_checkpoint(self, debate_id: str) -> _Checkpoint | None:
+        checkpoint = self._checkpoints.get(debate_id)
+        if checkpoint is None or checkpoint.expires_at <= time.monotonic():
+            return None
+        return checkpoint
+
+    def _live_result(self, debate_id: str) -> _Result | None:
+        result = self._results.get(debate_id)
+        if result is None or result.expires_at <= time.monotonic():
+            return None
+        return result
 
     # ---- checkpoints --------------------------------------------------------------------------
 
-    async def begin(self, debate_id: str, header: bytes) -> bytes:
-        return self._checkpoints.setdefault(debate_id, _Checkpoint(bytes(header))).header
+    async def begin(self, debate_id: str, header: bytes, *,
+                    retention_s: float | None = None) -> bytes:
+        checkpoint = self._live_checkpoint(debate_id)
+        if checkpoint is None:
+            checkpoint = _Checkpoint(bytes(header), _until(self._now(), self.keep_ms(retention_s)))
+            self._checkpoints[debate_id] = checkpoint
+        return checkpoint.header
 
-    async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
-        checkpoint = self._checkpoints.get(debate_id)
+    async def append(self, debate_id: str, entry: bytes, counters: Counters, *,
+                     retention_s: float | None = None) -> int:
+        checkpoint = self._live_checkpoint(debate_id)
         if checkpoint is None:
             raise not_begun(debate_id)
         checkpoint.entries.append(bytes(entry))
         checkpoint.counters = counters
+        checkpoint.expires_at = _until(self._now(), self.keep_ms(retention_s))
         return len(checkpoint.entries)
 
     async def load(self, debate_id: str) -> StoredCheckpoint | None:
-        checkpoint = self._checkpoints.get(debate_id)
+        checkpoint = self._live_checkpoint(debate_id)
         if checkpoint is None:
             return None
         # A copy, so a caller appending to the list cannot change what is stored.
         return StoredCheckpoint(checkpoint.header, list(checkpoint.entries), checkpoint.counters)
 
     async def size_bytes(self, debate_id: str) -> int:
-        checkpoint = self._checkpoints.get(debate_id)
+        checkpoint = self._live_checkpoint(debate_id)
         if checkpoint is None:
             return 0
         return len(checkpoint.header) + sum(map(len, checkpoint.entries)) + COUNTERS_SIZE
 
     # ---- results ------------------------------------------------------------------------------
 
-    async def put_result(self, debate_id: str, result: bytes) -> None:
-        self._results[debate_id] = bytes(result)
+    async def put_result(self, debate_id: str, result: bytes, *,
+                         retention_s: float | None = None) -> None:
+        now, keep = self._now(), self.keep_ms(retention_s)
+        self._results[debate_id] = _Result(bytes(result), _until(now, keep),
+                                           _until(now, marker_ms(keep)))
         self._checkpoints.pop(debate_id, None)
 
     async def get_result(self, debate_id: str) -> bytes | None:
-        return self._results.get(debate_id)
+        result = self._live_result(debate_id)
+        return None if result is None else result.body
+
+    async def result_expired(self, debate_id: str) -> bool:
+        result = self._results.get(debate_id)
+        return result is not None and result.expires_at <= time.monotonic() < result.forget_at
 
     async def has_results(self, debate_ids: list[str]) -> list[bool]:
-        return [debate_id in self._results for debate_id in debate_ids]
+        return [self._live_result(debate_id) is not None for debate_id in debate_ids]
 
     # ---- leases -------------------------------------------------------------------------------
 

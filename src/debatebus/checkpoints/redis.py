@@ -3,12 +3,15 @@
 Layout per debate id (values are the caller's opaque bytes)::
 
     {prefix}:{<id>}:ckpt    list    [header, entry, entry, …], RPUSHed: a round costs its own bytes
-    {prefix}:{<id>}:result  string  final result (PX result_ttl when set)
+                                    (PX retention, set again by each append)
+    {prefix}:{<id>}:result  string  final result (PX retention)
+    {prefix}:{<id>}:done    string  finished marker, "1" (PX twice the retention)
     {prefix}:{<id>}:lease   string  owner, PX ttl
 
 The braces are literal: ``debatebus:{d1}:ckpt``. They make the debate id the keys' hash tag, so on a
-Redis Cluster a debate's three keys live in one slot and the scripts that touch several of them
-(start, finish) stay legal; single-node Redis ignores them.
+Redis Cluster a debate's keys live in one slot and the scripts that touch several of them
+(start, finish) stay legal; single-node Redis ignores them. Every expiry is set by the command,
+script or transaction that writes the key: retention costs no round trip of its own.
 
 Each entry element is the caller's entry behind a one-byte tag: ``e`` for a plain entry, or, on the
 last entry of each append, ``c`` and the counters (``prompt,completion,total,calls;``). The newest
@@ -31,8 +34,9 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
-from debatebus.checkpoints._common import lease_ttl_ms, not_begun, result_ttl_ms
+from debatebus.checkpoints._common import lease_ttl_ms, marker_ms, not_begun
 from debatebus.checkpoints.base import (
+    DEFAULT_RETENTION_S,
     DEFAULT_TIMEOUT_S,
     CheckpointStore,
     Counters,
@@ -54,8 +58,12 @@ __all__ = ["RedisCheckpointStore"]
 
 _PLAIN, _COUNTED = b"e", b"c"
 
+# An expiry of '' means none: kept forever.
 _BEGIN = """
-if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('RPUSH', KEYS[1], ARGV[1]) end
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+  if ARGV[2] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+end
 return redis.call('LINDEX', KEYS[1], 0)
 """
 _ACQUIRE = """
@@ -71,23 +79,32 @@ end
 return 0
 """
 # start(): result if finished; else take (or extend our own) lease, write the header if absent and
-# return what is committed; else report the other owner's lease. One round trip per delivery.
+# return what is committed and whether an earlier result expired (the finished marker outlived
+# it); else report the other owner's lease. One round trip per delivery.
 _START = """
 local result = redis.call('GET', KEYS[1])
 if result then return {1, result} end
 local current = redis.call('GET', KEYS[2])
 if current and current ~= ARGV[1] then return {2, current, redis.call('PTTL', KEYS[2])} end
 redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+local expired = redis.call('EXISTS', KEYS[4])
 if redis.call('EXISTS', KEYS[3]) == 0 then
   redis.call('RPUSH', KEYS[3], ARGV[3])
-  return {0, {ARGV[3]}}
+  if ARGV[4] ~= '' then redis.call('PEXPIRE', KEYS[3], ARGV[4]) end
+  return {0, {ARGV[3]}, expired}
 end
-return {0, redis.call('LRANGE', KEYS[3], 0, -1)}
+return {0, redis.call('LRANGE', KEYS[3], 0, -1), expired}
 """
-# finish(): the result, the checkpoint it supersedes gone, and our lease released, atomically.
+# finish(): the result and its finished marker, the checkpoint it supersedes gone, and our lease
+# released, atomically.
 _FINISH = """
-if ARGV[3] == '' then redis.call('SET', KEYS[1], ARGV[1])
-else redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3]) end
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[1])
+  redis.call('SET', KEYS[4], '1')
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+  redis.call('SET', KEYS[4], '1', 'PX', ARGV[4])
+end
 redis.call('DEL', KEYS[3])
 if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
 return 1
@@ -130,6 +147,11 @@ def _checkpoint(elements: list[Any]) -> StoredCheckpoint:
     return StoredCheckpoint(bytes(elements[0]), entries, counters)
 
 
+def _px(keep_ms: int | None) -> int | str:
+    """A script's expiry argument: milliseconds, or '' for none (kept forever)."""
+    return "" if keep_ms is None else keep_ms
+
+
 class _Scripts:
     """The Lua scripts, registered once per client (redis-py reloads them after a restart)."""
 
@@ -145,18 +167,19 @@ class _Scripts:
 class RedisCheckpointStore(CheckpointStore):
     """Checkpoints on Redis. ``url_or_client``: a ``redis://``/``rediss://`` URL (the store owns
     and closes its client) or a ``redis.asyncio.Redis`` built with ``decode_responses=False``
-    (the caller keeps owning it). ``result_ttl_s`` makes final results expire (None: never).
-    Every call is bounded by ``timeout_s``: past it, a ``TransportError`` saying so."""
+    (the caller keeps owning it). Checkpoints and results are kept ``retention_s`` after their
+    last write. Every call is bounded by ``timeout_s``: past it, a ``TransportError`` saying so."""
 
     def __init__(
         self,
         url_or_client: str | Redis,
         *,
         prefix: str = "debatebus",
-        result_ttl_s: float | None = None,
+        retention_s: float = DEFAULT_RETENTION_S,
         connect_timeout: float = 5.0,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
+        super().__init__(retention_s=retention_s)
         if isinstance(url_or_client, str):
             self._url: str | None = url_or_client
             self._given: Redis | None = None
@@ -164,7 +187,6 @@ class RedisCheckpointStore(CheckpointStore):
             check_client(url_or_client)
             self._url, self._given = None, url_or_client
         self.prefix = prefix
-        self._result_ttl_ms = result_ttl_ms(result_ttl_s)
         self._connect_timeout = connect_timeout
         self.timeout_s = timeout_s
         self._where = describe(self._url, self._given)
@@ -228,6 +250,9 @@ class RedisCheckpointStore(CheckpointStore):
     def _lease_key(self, debate_id: str) -> str:
         return f"{self.prefix}:{{{debate_id}}}:lease"
 
+    def _done_key(self, debate_id: str) -> str:
+        return f"{self.prefix}:{{{debate_id}}}:done"
+
     async def _send(self, *commands: tuple[Any, ...], transaction: bool = True) -> list[Any]:
         """Send commands in one round trip; as one MULTI/EXEC (nothing interleaved) by default."""
         redis, _ = await self._client()
@@ -238,13 +263,16 @@ class RedisCheckpointStore(CheckpointStore):
 
     # ---- checkpoints --------------------------------------------------------------------------
 
-    async def begin(self, debate_id: str, header: bytes) -> bytes:
+    async def begin(self, debate_id: str, header: bytes, *,
+                    retention_s: float | None = None) -> bytes:
         _, scripts = await self._client()
         async with self._bounded():
-            return bytes(await scripts.begin(keys=[self._key(debate_id)], args=[header]))
+            return bytes(await scripts.begin(keys=[self._key(debate_id)],
+                                             args=[header, _px(self.keep_ms(retention_s))]))
 
-    async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
-        return await self.append_many(debate_id, [entry], counters)
+    async def append(self, debate_id: str, entry: bytes, counters: Counters, *,
+                     retention_s: float | None = None) -> int:
+        return await self.append_many(debate_id, [entry], counters, retention_s=retention_s)
 
     async def load(self, debate_id: str) -> StoredCheckpoint | None:
         [elements] = await self._send(("LRANGE", self._key(debate_id), 0, -1), transaction=False)
@@ -259,12 +287,20 @@ class RedisCheckpointStore(CheckpointStore):
 
     # ---- results ------------------------------------------------------------------------------
 
-    async def put_result(self, debate_id: str, result: bytes) -> None:
-        expiry = () if self._result_ttl_ms is None else ("PX", self._result_ttl_ms)
+    async def put_result(self, debate_id: str, result: bytes, *,
+                         retention_s: float | None = None) -> None:
+        keep = self.keep_ms(retention_s)
+        marker = marker_ms(keep)
         await self._send(
-            ("SET", self._result_key(debate_id), result, *expiry),
+            ("SET", self._result_key(debate_id), result, *(() if keep is None else ("PX", keep))),
+            ("SET", self._done_key(debate_id), 1, *(() if marker is None else ("PX", marker))),
             ("DEL", self._key(debate_id)),
         )
+
+    async def result_expired(self, debate_id: str) -> bool:
+        done, result = await self._send(("EXISTS", self._done_key(debate_id)),
+                                        ("EXISTS", self._result_key(debate_id)))
+        return bool(done) and not result
 
     async def get_result(self, debate_id: str) -> bytes | None:
         [value] = await self._send(("GET", self._result_key(debate_id)), transaction=False)
@@ -321,30 +357,40 @@ class RedisCheckpointStore(CheckpointStore):
     # ---- composite steps: one round trip each ---------------------------------------------------
 
     def _all_keys(self, debate_id: str) -> list[str]:
-        return [self._result_key(debate_id), self._lease_key(debate_id), self._key(debate_id)]
+        return [self._result_key(debate_id), self._lease_key(debate_id), self._key(debate_id),
+                self._done_key(debate_id)]
 
-    async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes) -> Opening:
+    async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes, *,
+                    retention_s: float | None = None) -> Opening:
         reply = await self._batched("start", self._all_keys(debate_id),
-                                    [owner, lease_ttl_ms(ttl_s), header])
+                                    [owner, lease_ttl_ms(ttl_s), header,
+                                     _px(self.keep_ms(retention_s))])
         if reply[0] == 1:
             return Opening(result=bytes(reply[1]))
         if reply[0] == 2:
             holder = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
             return Opening(lease=Lease(holder, max(int(reply[2]), 0) / 1000))
         checkpoint = _checkpoint(reply[1])
-        return Opening(acquired=True, header=checkpoint.header, checkpoint=checkpoint)
+        return Opening(acquired=True, header=checkpoint.header, checkpoint=checkpoint,
+                       expired=bool(reply[2]))
 
-    async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters) -> int:
+    async def append_many(self, debate_id: str, entries: list[bytes], counters: Counters, *,
+                          retention_s: float | None = None) -> int:
         require_entries(entries)
+        key, keep = self._key(debate_id), self.keep_ms(retention_s)
+        # Pipelined with the RPUSHX (no round trip of its own); a no-op when the list is gone.
+        expiry = [] if keep is None else [("PEXPIRE", key, keep)]
         batch = self._batch or await self._batcher()
         [count] = await batch.enqueue(
-            [("RPUSHX", self._key(debate_id), *_tagged(entries, counters))],
+            [("RPUSHX", key, *_tagged(entries, counters)), *expiry],
             check=functools.partial(_entry_count, debate_id))
         return int(count)
 
-    async def finish(self, debate_id: str, owner: str, result: bytes) -> None:
-        ttl: str | int = "" if self._result_ttl_ms is None else self._result_ttl_ms
-        await self._batched("finish", self._all_keys(debate_id), [result, owner, ttl])
+    async def finish(self, debate_id: str, owner: str, result: bytes, *,
+                     retention_s: float | None = None) -> None:
+        keep = self.keep_ms(retention_s)
+        await self._batched("finish", self._all_keys(debate_id),
+                            [result, owner, _px(keep), _px(marker_ms(keep))])
 
     async def get_lease(self, debate_id: str) -> Lease | None:
         key = self._lease_key(debate_id)

@@ -3,7 +3,11 @@
 Every call runs on one dedicated worker thread that owns the connection, so the event loop never
 blocks on disk I/O and the connection is never shared between threads. Several processes may
 open the same file: writes take ``BEGIN IMMEDIATE`` (the busy timeout makes them queue rather than
-fail) and lease expiry is wall-clock time, which all processes on the host agree on.
+fail) and expiry is wall-clock time, which all processes on the host agree on.
+
+Expired checkpoints and results are invisible to reads (``expires_at``) and swept out by a write
+at most every ``PURGE_EVERY_S`` (or by ``purge_expired``), so the file stays bounded without a
+background task.
 """
 
 from __future__ import annotations
@@ -17,8 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from debatebus.checkpoints._common import COUNTERS_SIZE, lease_ttl_ms, not_begun, result_ttl_ms
+from debatebus.checkpoints._common import (
+    COUNTERS_SIZE,
+    Sweeps,
+    lease_ttl_ms,
+    marker_ms,
+    not_begun,
+)
 from debatebus.checkpoints.base import (
+    DEFAULT_RETENTION_S,
     DEFAULT_TIMEOUT_S,
     CheckpointStore,
     Counters,
@@ -43,7 +54,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     prompt_tokens INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
     total_tokens INTEGER NOT NULL DEFAULT 0,
-    calls INTEGER NOT NULL DEFAULT 0
+    calls INTEGER NOT NULL DEFAULT 0,
+    expires_at REAL
 );
 CREATE TABLE IF NOT EXISTS entries (
     debate_id TEXT NOT NULL,
@@ -56,13 +68,24 @@ CREATE TABLE IF NOT EXISTS results (
     body BLOB NOT NULL,
     expires_at REAL
 );
-CREATE INDEX IF NOT EXISTS results_expiry ON results (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS finished (
+    debate_id TEXT PRIMARY KEY,
+    forget_at REAL
+);
 CREATE TABLE IF NOT EXISTS leases (
     debate_id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
     expires_at REAL NOT NULL
 );
 """
+# After _SCHEMA and the migration: a file from before retention has no checkpoints.expires_at.
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS results_expiry ON results (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS checkpoints_expiry ON checkpoints (expires_at)
+    WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS finished_expiry ON finished (forget_at) WHERE forget_at IS NOT NULL;
+"""
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
 
 
 @contextlib.contextmanager
@@ -96,22 +119,51 @@ def _open(path: str) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across app crashes
         db.executescript(_SCHEMA)
+        with _write(db):  # one process migrates; the others then see the column
+            columns = {row[1] for row in db.execute("PRAGMA table_info(checkpoints)")}
+            if "expires_at" not in columns:
+                db.execute("ALTER TABLE checkpoints ADD COLUMN expires_at REAL")
+        db.executescript(_INDEXES)
     except BaseException:
         db.close()
         raise
     return db
 
 
+def _until(keep_ms: int | None) -> float | None:
+    """The wall-clock time something written now and kept ``keep_ms`` expires (None: never)."""
+    return None if keep_ms is None else time.time() + keep_ms / 1000
+
+
+def _drop_expired_checkpoint(db: sqlite3.Connection, debate_id: str) -> None:
+    row = db.execute("DELETE FROM checkpoints WHERE debate_id = ? AND expires_at <= ? "
+                     "RETURNING 1", (debate_id, time.time())).fetchone()
+    if row is not None:
+        db.execute("DELETE FROM entries WHERE debate_id = ?", (debate_id,))
+
+
+def _purge(db: sqlite3.Connection) -> int:
+    """Inside a write transaction: delete what expired (the partial indexes find it)."""
+    now = time.time()
+    gone = db.execute("DELETE FROM checkpoints WHERE expires_at <= ? RETURNING debate_id",
+                      (now,)).fetchall()
+    db.executemany("DELETE FROM entries WHERE debate_id = ?", gone)
+    results = db.execute("DELETE FROM results WHERE expires_at <= ?", (now,)).rowcount
+    db.execute("DELETE FROM finished WHERE forget_at <= ?", (now,))
+    return len(gone) + results
+
+
 class SQLiteCheckpointStore(CheckpointStore):
-    """Checkpoints in a SQLite file. ``result_ttl_s`` makes final results expire (None: never).
+    """Checkpoints in a SQLite file, kept ``retention_s`` after their last write.
     Every call is bounded by ``timeout_s`` (a file locked by another process past the busy
     timeout, a stalled disk): past it, a ``TransportError`` saying so."""
 
-    def __init__(self, path: str | Path, *, result_ttl_s: float | None = None,
+    def __init__(self, path: str | Path, *, retention_s: float = DEFAULT_RETENTION_S,
                  timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(retention_s=retention_s)
         self.path = str(path)
         self.timeout_s = timeout_s
-        self._result_ttl_ms = result_ttl_ms(result_ttl_s)
+        self._sweeps = Sweeps()
         self._worker: tuple[ThreadPoolExecutor, sqlite3.Connection] | None = None
         self._connecting = asyncio.Lock()
 
@@ -163,13 +215,17 @@ class SQLiteCheckpointStore(CheckpointStore):
 
     # ---- checkpoints --------------------------------------------------------------------------
 
-    async def begin(self, debate_id: str, header: bytes) -> bytes:
+    async def begin(self, debate_id: str, header: bytes, *,
+                    retention_s: float | None = None) -> bytes:
+        expires_at = _until(self.keep_ms(retention_s))
+
         def op(db: sqlite3.Connection) -> bytes:
             with _write(db):
+                _drop_expired_checkpoint(db, debate_id)
                 db.execute(
-                    "INSERT INTO checkpoints (debate_id, header) VALUES (?, ?) "
+                    "INSERT INTO checkpoints (debate_id, header, expires_at) VALUES (?, ?, ?) "
                     "ON CONFLICT (debate_id) DO NOTHING",
-                    (debate_id, header),
+                    (debate_id, header, expires_at),
                 )
                 row = db.execute(
                     "SELECT header FROM checkpoints WHERE debate_id = ?", (debate_id,)
@@ -178,15 +234,18 @@ class SQLiteCheckpointStore(CheckpointStore):
 
         return await self._run(op)
 
-    async def append(self, debate_id: str, entry: bytes, counters: Counters) -> int:
+    async def append(self, debate_id: str, entry: bytes, counters: Counters, *,
+                     retention_s: float | None = None) -> int:
+        keep = self.keep_ms(retention_s)
+
         def op(db: sqlite3.Connection) -> int:
             with _write(db):
                 row = db.execute(
                     "UPDATE checkpoints SET n_entries = n_entries + 1, prompt_tokens = ?, "
-                    "completion_tokens = ?, total_tokens = ?, calls = ? "
-                    "WHERE debate_id = ? RETURNING n_entries",
+                    "completion_tokens = ?, total_tokens = ?, calls = ?, expires_at = ? "
+                    f"WHERE debate_id = ? AND {_LIVE} RETURNING n_entries",
                     (counters.prompt_tokens, counters.completion_tokens, counters.total_tokens,
-                     counters.calls, debate_id),
+                     counters.calls, _until(keep), debate_id, time.time()),
                 ).fetchone()
                 if row is None:
                     raise not_begun(debate_id)
@@ -204,8 +263,8 @@ class SQLiteCheckpointStore(CheckpointStore):
             with _read(db):
                 row = db.execute(
                     "SELECT header, prompt_tokens, completion_tokens, total_tokens, calls "
-                    "FROM checkpoints WHERE debate_id = ?",
-                    (debate_id,),
+                    f"FROM checkpoints WHERE debate_id = ? AND {_LIVE}",
+                    (debate_id, time.time()),
                 ).fetchone()
                 if row is None:
                     return None
@@ -221,8 +280,9 @@ class SQLiteCheckpointStore(CheckpointStore):
         def op(db: sqlite3.Connection) -> int:
             row = db.execute(
                 "SELECT length(header), (SELECT coalesce(sum(length(body)), 0) FROM entries "
-                "WHERE debate_id = ?1) FROM checkpoints WHERE debate_id = ?1",
-                (debate_id,),
+                "WHERE debate_id = ?1) FROM checkpoints WHERE debate_id = ?1 "
+                "AND (expires_at IS NULL OR expires_at > ?2)",
+                (debate_id, time.time()),
             ).fetchone()
             return 0 if row is None else int(row[0]) + int(row[1]) + COUNTERS_SIZE
 
@@ -230,10 +290,10 @@ class SQLiteCheckpointStore(CheckpointStore):
 
     # ---- results ------------------------------------------------------------------------------
 
-    async def put_result(self, debate_id: str, result: bytes) -> None:
-        now = time.time()
-        ttl = self._result_ttl_ms
-        expires_at = None if ttl is None else now + ttl / 1000
+    async def put_result(self, debate_id: str, result: bytes, *,
+                         retention_s: float | None = None) -> None:
+        keep = self.keep_ms(retention_s)
+        sweep = self._sweeps.due(time.monotonic())
 
         def op(db: sqlite3.Connection) -> None:
             with _write(db):
@@ -241,24 +301,49 @@ class SQLiteCheckpointStore(CheckpointStore):
                     "INSERT INTO results (debate_id, body, expires_at) VALUES (?, ?, ?) "
                     "ON CONFLICT (debate_id) DO UPDATE SET body = excluded.body, "
                     "expires_at = excluded.expires_at",
-                    (debate_id, result, expires_at),
+                    (debate_id, result, _until(keep)),
+                )
+                db.execute(
+                    "INSERT INTO finished (debate_id, forget_at) VALUES (?, ?) "
+                    "ON CONFLICT (debate_id) DO UPDATE SET forget_at = excluded.forget_at",
+                    (debate_id, _until(marker_ms(keep))),
                 )
                 db.execute("DELETE FROM entries WHERE debate_id = ?", (debate_id,))
                 db.execute("DELETE FROM checkpoints WHERE debate_id = ?", (debate_id,))
-                # Expired results are invisible to reads; sweeping them here keeps the file
-                # bounded without a background task (the partial index makes this cheap).
-                db.execute("DELETE FROM results WHERE expires_at <= ?", (now,))
+                if sweep:
+                    _purge(db)
 
         await self._run(op)
+
+    async def purge_expired(self) -> int:
+        """Delete every expired checkpoint and result, and every marker past its time; how many
+        checkpoints and results went."""
+        def op(db: sqlite3.Connection) -> int:
+            with _write(db):
+                return _purge(db)
+
+        return await self._run(op)
 
     async def get_result(self, debate_id: str) -> bytes | None:
         def op(db: sqlite3.Connection) -> bytes | None:
             row = db.execute(
-                "SELECT body FROM results WHERE debate_id = ? "
-                "AND (expires_at IS NULL OR expires_at > ?)",
+                f"SELECT body FROM results WHERE debate_id = ? AND {_LIVE}",
                 (debate_id, time.time()),
             ).fetchone()
             return None if row is None else bytes(row[0])
+
+        return await self._run(op)
+
+    async def result_expired(self, debate_id: str) -> bool:
+        def op(db: sqlite3.Connection) -> bool:
+            now = time.time()
+            row = db.execute(
+                "SELECT 1 FROM finished WHERE debate_id = ?1 "
+                "AND (forget_at IS NULL OR forget_at > ?2) AND NOT EXISTS (SELECT 1 FROM results "
+                "WHERE debate_id = ?1 AND (expires_at IS NULL OR expires_at > ?2))",
+                (debate_id, now),
+            ).fetchone()
+            return row is not None
 
         return await self._run(op)
 
@@ -275,7 +360,7 @@ class SQLiteCheckpointStore(CheckpointStore):
                     row[0]
                     for row in db.execute(
                         f"SELECT debate_id FROM results WHERE debate_id IN ({marks}) "
-                        "AND (expires_at IS NULL OR expires_at > ?)",
+                        f"AND {_LIVE}",
                         (*chunk, now),
                     )
                 )

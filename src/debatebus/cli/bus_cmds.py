@@ -7,12 +7,17 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 from debatebus.cli.common import add_broker, broker_url, port, positive_int, seconds
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
+from debatebus.observe import Observer, RequestContext
+from debatebus.schemas.events import DebateEvent
 from debatebus.worker import DebateBus
 
 __all__ = ["add_parser", "load_app"]
@@ -22,15 +27,21 @@ def add_parser(sub: Any) -> None:
     worker = sub.add_parser("worker", help="serve a DebateBus app: debatebus worker myapp:app")
     worker.add_argument("app", help="module:attribute of a DebateBus (or a function returning one)")
     worker.add_argument("--concurrency", type=positive_int, metavar="N",
-                        help="debates at once in this process")
+                        help="debates at once in this process (default: the app's concurrency, "
+                             "16 unless it sets another)")
     _add_observability(worker)
     worker.set_defaults(func=_worker)
 
     publish = sub.add_parser("publish", help="publish a debate request")
     publish.add_argument("type", help="event type, e.g. debate:request")
-    publish.add_argument("--input", help="the debate topic (payload.input)")
+    publish.add_argument("--input", help="the debate question (payload.input)")
     publish.add_argument("--payload", help="the whole payload as JSON (overrides --input)")
-    publish.add_argument("--request-id")
+    publish.add_argument("--request-id", help="the request's requestId (default: a new UUID)")
+    publish.add_argument("--correlation-id", metavar="ID",
+                         help="the request's correlationId (default: none; the result's is then "
+                              "the requestId)")
+    publish.add_argument("--header", type=_header, action="append", metavar="K=V",
+                         help="an envelope header, e.g. traceparent=00-…-01 (repeatable)")
     publish.add_argument("--wait", action="store_true", help="wait for the result and print it")
     publish.add_argument("--timeout", type=seconds, default=300.0, metavar="S",
                          help="with --wait: give up after this many seconds (default 300)")
@@ -45,9 +56,13 @@ def add_parser(sub: Any) -> None:
     tail.set_defaults(func=_tail)
 
     demo = sub.add_parser("demo", help="serve the demo debate on a bus and answer one request")
-    demo.add_argument("topic", nargs="?", default="Should we adopt microservices?")
-    demo.add_argument("--llm", help="model spec (local, openai:MODEL, scripted:FILE.json, …)")
-    demo.add_argument("--broker", default="memory://", help="broker URL (default memory://)")
+    demo.add_argument("question", nargs="?", default="Should we adopt microservices?",
+                      help="what to debate")
+    demo.add_argument("--llm", help="model spec (local, openai:MODEL, scripted:FILE.json, …; "
+                                    "default: $DEBATEBUS_LLM, else local)")
+    demo.add_argument("--broker", help="broker URL (default: $DEBATEBUS_BROKER, else memory://); "
+                      "the demo asks and answers on its own event type and group, never on "
+                      "debate:request")
     demo.set_defaults(func=_demo)
 
 
@@ -143,16 +158,26 @@ def _payload(args: argparse.Namespace) -> dict[str, Any]:
     return {"input": args.input}
 
 
+def _header(value: str) -> tuple[str, str]:
+    name, eq, text = value.partition("=")
+    if not eq or not name:
+        raise argparse.ArgumentTypeError(f"expected K=V, got {value!r}")
+    return name, text
+
+
 async def _publish(args: argparse.Namespace) -> int:
+    options: dict[str, Any] = {"request_id": args.request_id, "correlation_id": args.correlation_id,
+                               "headers": dict(args.header or [])}
     async with BusClient(broker_url(args.broker)) as client:
         if not args.wait:
-            rid = await client.publish(args.type, _payload(args), request_id=args.request_id)
-            print(rid)
+            print(await client.publish(args.type, _payload(args), **options))
             return 0
-        result = await client.request(args.type, _payload(args), request_id=args.request_id,
-                                      timeout=args.timeout)
-        print(json.dumps({"requestId": result.request_id, "type": result.type,
-                          "payload": result.payload}, indent=2, ensure_ascii=False))
+        result = await client.request(args.type, _payload(args), timeout=args.timeout, **options)
+        print(json.dumps({
+            "requestId": result.request_id, "messageId": result.message_id,
+            "correlationId": result.correlation_id, "causationId": result.causation_id,
+            "timestamp": result.timestamp, "type": result.type, "headers": result.headers,
+            "payload": result.payload}, indent=2, ensure_ascii=False))
         return 0 if result.payload.get("debateStatus") != "failed" else 1
 
 
@@ -167,16 +192,40 @@ async def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _demo(args: argparse.Namespace) -> int:
-    from debatebus.demo import build_app
+class _ShowTurns(Observer):
+    """Feeds one request's debate events to the ``debatebus run`` view as they happen."""
 
-    app = build_app(args.broker, llm_spec=args.llm)
-    async with app:
-        worker = asyncio.create_task(app.run())
-        async with BusClient(args.broker) as client:
-            result = await client.request("debate:request", {"input": args.topic})
-        app.stop()
-        await worker
+    def __init__(self, request_id: str, on_event: Callable[[DebateEvent], None]) -> None:
+        self._request_id = request_id
+        self._on_event = on_event
+
+    def debate_event(self, ctx: RequestContext, event: DebateEvent) -> None:
+        if ctx.request_id == self._request_id:  # a shared broker may bring others' requests
+            self._on_event(event)
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from debatebus.cli.run_cmd import DebateView, screen_for
+    from debatebus.demo import DEMO_EVENT_TYPE, DEMO_GROUP, build_debate, serve
+    from debatebus.llm.registry import resolve_llm
+
+    debate = build_debate(resolve_llm(args.llm))
+    url = args.broker or os.environ.get("DEBATEBUS_BROKER") or "memory://"
+    app = serve(debate, url, event_type=DEMO_EVENT_TYPE, group=DEMO_GROUP)
+    view = DebateView(debate, screen_for(sys.stdout))
+    request_id = uuid.uuid4().hex
+    app.add_observer(_ShowTurns(request_id, view.on_event))
+    try:
+        async with app:
+            worker = asyncio.create_task(app.run())
+            async with BusClient(url) as client:
+                result = await client.request(DEMO_EVENT_TYPE, {"input": args.question},
+                                              request_id=request_id)
+            app.stop()
+            await worker
+        view.screen.heading("Result")
+    finally:
+        view.screen.close()
     payload = result.payload
     print(json.dumps({k: payload.get(k) for k in (
         "debateStatus", "debateRounds", "debateOutput", "debateVerdict", "debatePhiHat",

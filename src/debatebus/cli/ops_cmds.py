@@ -31,12 +31,14 @@ class ReplaySummary:
     read: int = 0
     republished: int = 0
     already_finished: int = 0
+    reruns: int = 0
     unreadable: int = 0
 
     def line(self) -> str:
         return (f"read {self.read}, re-published {self.republished}, of which "
                 f"{self.already_finished} already had results (answered from the store at no LLM "
-                f"cost); {self.unreadable} unreadable skipped")
+                f"cost) and {self.reruns} ask for a rerun (\"replay\": \"rerun\", run again in "
+                f"full); {self.unreadable} unreadable skipped")
 
 
 def add_parser(sub: Any) -> None:
@@ -86,11 +88,16 @@ def _for(transport: Transport, position: Position, open_end: str) -> Any:
     return f"{position}-0" if isinstance(position, int) else position
 
 
-def _debate_id(body: bytes) -> str | None:
-    """The debate a request runs under: its payload's debateId, else its requestId."""
+def _stored_debate_id(body: bytes) -> tuple[bool, str | None]:
+    """(readable, the debate whose stored result would answer it): its payload's debateId, else
+    its requestId; None for a ``"replay": "rerun"`` request, which runs afresh under a new id."""
     request_id, payload = lenient_request(body)
+    if request_id is None:
+        return False, None
+    if payload.get("replay") == "rerun":
+        return True, None
     debate_id = payload.get("debateId")
-    return debate_id if request_id and isinstance(debate_id, str) else request_id
+    return True, debate_id if isinstance(debate_id, str) else request_id
 
 
 async def replay_range(transport: Transport, event_type: str, *, start: Position = None,
@@ -102,18 +109,22 @@ async def replay_range(transport: Transport, event_type: str, *, start: Position
     The range is read to its end before anything is re-published, so re-publishing to the same
     stream can't feed the replay its own output."""
     summary = ReplaySummary()
-    batch: list[tuple[Delivery, str]] = []
+    batch: list[Delivery] = []
+    stored_ids: list[str] = []
     async for delivery in _entries(transport, event_type, start, end):
         summary.read += 1
-        debate_id = _debate_id(delivery.body)
-        if debate_id is None:
+        readable, debate_id = _stored_debate_id(delivery.body)
+        if not readable:
             summary.unreadable += 1
             continue
-        batch.append((delivery, debate_id))
-    if store is not None and batch:
-        finished = await store.has_results([debate_id for _, debate_id in batch])
-        summary.already_finished = sum(finished)
-    for delivery, _ in batch:
+        batch.append(delivery)
+        if debate_id is None:
+            summary.reruns += 1
+        else:
+            stored_ids.append(debate_id)
+    if store is not None and stored_ids:
+        summary.already_finished = sum(await store.has_results(stored_ids))
+    for delivery in batch:
         await transport.publish(Outgoing(event_type, delivery.body, delivery.key, delivery.headers))
         summary.republished += 1
         if progress is not None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from debatebus.cli.common import add_broker, broker_url, port, positive_int
 from debatebus.exceptions import ConfigError
+from debatebus.redaction import redact
 
 __all__ = ["add_parser", "render_asyncapi"]
 
@@ -23,7 +24,8 @@ def add_parser(sub: Any) -> None:
     asyncapi.add_argument("app", nargs="?",
                           help="module:attribute of a DebateBus (or a function returning one) to "
                                "document its routes; without it, a worker serving --event-type")
-    asyncapi.add_argument("--format", choices=("yaml", "json"), default="yaml")
+    asyncapi.add_argument("--format", choices=("yaml", "json"), default="yaml",
+                          help="output format (YAML needs PyYAML, else JSON is written)")
     asyncapi.add_argument("--event-type",
                           help="without an app: the request event type the workers serve "
                                "(default debate:request)")
@@ -34,10 +36,11 @@ def add_parser(sub: Any) -> None:
     add_broker(web)
     web.add_argument("--host", default="127.0.0.1",
                      help="interface to listen on (default 127.0.0.1: transcripts are not public)")
-    web.add_argument("--port", type=port, default=8000)
+    web.add_argument("--port", type=port, default=8000, help="port to listen on")
     web.add_argument("--history", type=positive_int, default=200, metavar="N",
                      help="debates kept in memory (default 200)")
-    web.add_argument("--events-topic", default="debate:events")
+    web.add_argument("--events-topic", default="debate:events",
+                     help="where workers publish debate events (DebateBus(events_topic=…))")
     web.set_defaults(func=_web)
 
 
@@ -76,8 +79,13 @@ async def _web(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         if exc.name not in _WEB_MODULES:
             raise
-        raise ConfigError("debatebus web needs the web extra: pip install 'debatebus[web]'") from exc
-    app = create_app(broker_url(args.broker), history=args.history, events_topic=args.events_topic)
+        raise ConfigError("debatebus web needs the web extra: pip install -e '.[web]' in a "
+                          "checkout (see the README's Installing extras)") from exc
+    url = broker_url(args.broker)
+    app = create_app(url, history=args.history, events_topic=args.events_topic)
+    print(f"debatebus web: following {args.events_topic} on {redact(url)}; a debate shows up only "
+          "when its worker publishes events: DebateBus(..., publish_events=True)",
+          file=sys.stderr, flush=True)
     # Open event streams would hold a graceful shutdown forever; cut them after a few seconds.
     config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=3,
                             log_level="info")

@@ -5,9 +5,10 @@ provider, so whatever SDK and exporter the process configured (``opentelemetry-i
 your own ``TracerProvider``) receives the spans. Only ``opentelemetry-api`` is needed; without it
 ``TracingObserver`` does nothing and ``inject_traceparent`` returns the headers unchanged.
 
-Trace context crosses the bus in the envelope's headers as W3C ``traceparent``/``tracestate``:
-the debate span continues the trace of the request's ``traceparent``, and the result envelope
-carries the debate span's, so a chain of consumers shows up as one trace.
+Trace context crosses the bus in the envelope's ``headers`` as W3C ``traceparent``/``tracestate``,
+and is read from there only (never from a transport's own headers, such as a Streams entry's
+``headers`` field): the debate span continues the trace of the request's ``traceparent``, and the
+result envelope carries the debate span's, so a chain of consumers shows up as one trace.
 
 The tree: ``debate {name}`` (consumer) → ``round {n}`` → ``{purpose} {participant}`` (client) for
 each call; framing and synthesis calls happen outside rounds and hang off the debate span. Call

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from typing import Any
 
 import msgspec
@@ -23,6 +24,7 @@ __all__ = [
     "decode_request",
     "failed_topic",
     "lenient_request",
+    "new_message_id",
     "now_iso",
 ]
 
@@ -30,10 +32,17 @@ SCHEMA_VERSION = 1
 
 
 class Envelope(msgspec.Struct, rename="camel", omit_defaults=True, gc=False):
-    """``{"requestId": "...", "payload": {...}}`` plus optional tracing and routing fields."""
+    """``{"requestId": "...", "payload": {...}}`` plus optional tracing and routing fields.
+
+    ``messageId`` is this message's own id (a request and its result share the ``requestId``, never
+    the ``messageId``); ``causationId`` is the ``messageId`` of the message this one answers (its
+    ``requestId`` when that message has none: a producer older than the field);
+    ``correlationId`` is carried forward unchanged along a chain. ``headers`` carry the W3C trace
+    context (``traceparent``/``tracestate``) and whatever else a producer adds."""
 
     request_id: str
     payload: dict[str, Any]
+    message_id: str | None = None
     type: str | None = None
     correlation_id: str | None = None
     causation_id: str | None = None
@@ -55,6 +64,11 @@ def completed_topic(event_type: str) -> str:
 
 def failed_topic(event_type: str) -> str:
     return f"event:{event_type}:failed"
+
+
+def new_message_id() -> str:
+    """A fresh, unique ``messageId``."""
+    return uuid.uuid4().hex
 
 
 _last_second: tuple[int, str] = (-1, "")
