@@ -114,8 +114,10 @@ def _servers() -> dict[str, Any]:
         "redisPubsub": {
             "host": "localhost:6379", "pathname": "/0", "protocol": "redis",
             "title": "Redis pub/sub (broker URL redis+pubsub://localhost:6379/0)",
-            "description": "Synkro-compatible PUBLISH/SUBSCRIBE: at-most-once, and every worker "
-                           "subscribed gets every request. Dead letters go to a stream.",
+            "description": "Synkro's PUBLISH/SUBSCRIBE wire and semantics: at-most-once; every "
+                           "worker subscribed gets every request and Synkro's lock and dedupe keys "
+                           "let one answer it. Failed requests are listed in Synkro's dead-letter "
+                           "list; messages without a request id go to a dead-letter stream.",
         },
         "kafka": {
             "host": "localhost:9092", "protocol": "kafka",
