@@ -147,6 +147,13 @@ async def scenario(name: str, driver: Driver, requests: int, worker: list[str],
     try:
         await asyncio.sleep(settle_s)
         return await measure(name, driver, requests, proc.pid, BROKER_PIDS[broker])
+    except TimeoutError:
+        # Say whose fault a stall is: the driver's result reader dying, or the worker.
+        died = reader_task.done() and not reader_task.cancelled() and reader_task.exception()
+        print(f"  {name}: {len(driver.latencies)} of {driver.expected} results seen when the "
+              f"driver gave up; result reader: {'died: ' + repr(died) if died else 'alive'}",
+              flush=True)
+        raise
     finally:
         reader_task.cancel()
         stop_worker(proc)
