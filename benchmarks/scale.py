@@ -14,8 +14,10 @@ Sections:
   call sleeps ``--call-latency`` s. Once with the default durable handler (checkpoints in the
   broker's Redis), once with memory:// checkpoints. Prints the peak of debates in flight (model
   calls waiting at once, each debate making one at a time), debates/s, the burst's time against
-  the ideal (one debate alone), the worker's RSS idle/peak/after, and bytes per in-flight debate.
-  Then an in-process tracemalloc snapshot of ``--trace-debates`` debates in flight, by file:line.
+  the ideal (calls per debate × call latency), the worker's RSS idle/peak/after, bytes per
+  in-flight debate, worker CPU and Redis commands per debate. Then an in-process tracemalloc
+  snapshot of ``--trace-debates`` debates in flight, by file:line, and what is left once they
+  are answered.
 
 Prints figures only: no timed assertions.
 """
@@ -41,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bus import cpu_seconds  # noqa: E402
 from benchmarks.bus_apps import InstantLLM  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 
@@ -192,9 +195,11 @@ def sleepy_bus(url: str, stream: str, args: argparse.Namespace, store: str, llm:
                     llm=llm,
                     moderator=Participant("moderator", "Moderate."), judge=Judge(),
                     max_rounds=args.rounds)
-    handler = debate.as_handler(**({} if store == "default" else {"store": store_from_url(store)}))
+    durable: dict[str, Any] = {"lease_ttl_s": args.lease_ttl} if args.lease_ttl else {}
+    if store != "default":
+        durable["store"] = store_from_url(store)
     bus = DebateBus(url, concurrency=args.concurrency, **options)
-    bus.subscribe(stream, handler)
+    bus.subscribe(stream, debate.as_handler(**durable))
     return bus
 
 
@@ -240,8 +245,8 @@ async def _settled(client: Any, stream: str) -> int:
 
 
 async def _wait_settled(client: Any, stream: str, n: int, timeout_s: float,
-                        on_tick: Any = None) -> float:
-    """Waits until ``n`` results are out; returns the seconds it took."""
+                        on_tick: Callable[[], None] | None = None) -> None:
+    """Waits until ``n`` results are out, calling ``on_tick`` every 0.1 s meanwhile."""
     t0 = time.perf_counter()
     while await _settled(client, stream) < n:
         if time.perf_counter() - t0 > timeout_s:
@@ -249,7 +254,6 @@ async def _wait_settled(client: Any, stream: str, n: int, timeout_s: float,
         if on_tick is not None:
             on_tick()
         await asyncio.sleep(0.1)
-    return time.perf_counter() - t0
 
 
 async def _burst(url: str, args: argparse.Namespace, store: str, n: int) -> dict[str, float]:
@@ -275,13 +279,13 @@ async def _burst(url: str, args: argparse.Namespace, store: str, n: int) -> dict
             nonlocal rss_peak
             rss_peak = max(rss_peak, rss_kb(proc.pid))
 
-        commands = await _commands(client)
+        commands, cpu0 = await _commands(client), cpu_seconds(proc.pid)
         t0 = time.perf_counter()
         await _publish(client, stream, n, "burst")
         published = time.perf_counter() - t0
         await _wait_settled(client, stream, n + 1, 60 + 20 * calls * args.call_latency + n / 50,
                             sample)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(proc.pid) - cpu0
         failed = await client.xlen(f"event:{stream}:failed")
         commands = {name: (count - commands.get(name, 0)) / n
                     for name, count in (await _commands(client)).items()}
@@ -289,7 +293,7 @@ async def _burst(url: str, args: argparse.Namespace, store: str, n: int) -> dict
         return {"calls": calls, "ideal": calls * args.call_latency,
                 "elapsed": elapsed, "published": published, "inflight": counts[PEAK],
                 "idle": idle, "peak": max(rss_peak, rss_kb(proc.pid, "VmHWM")),
-                "after": rss_kb(proc.pid), "failed": failed,
+                "after": rss_kb(proc.pid), "failed": failed, "cpu_ms": 1000 * cpu / n,
                 **{f"redis {name}": count for name, count in commands.items() if count >= 0.05}}
     finally:
         proc.terminate()
@@ -314,7 +318,8 @@ def _print_burst(label: str, n: int, fig: dict[str, float]) -> None:
           f"{fig['idle'] / 1024:4.0f} MiB, peak {fig['peak'] / 1024:5.0f} MiB, after "
           f"{fig['after'] / 1024:5.0f} MiB   {per_debate / 1024:5.1f} KiB per in-flight debate"
           + (f"   FAILED {fig['failed']:.0f}" if fig["failed"] else ""), flush=True)
-    print("    Redis commands per debate (the requests' XADD included): " + ", ".join(
+    print(f"    worker CPU {fig['cpu_ms']:.2f} ms per debate; Redis commands per debate (the "
+          "requests' XADD, and commands run by scripts, included): " + ", ".join(
         f"{name[6:]} {count:.2f}" for name, count in fig.items() if name.startswith("redis ")),
         flush=True)
 
@@ -351,7 +356,7 @@ async def _trace(url: str, args: argparse.Namespace) -> None:
     """In process: ``--trace-debates`` debates in flight, half-way through, against the worker
     before the burst; what they hold, by file:line. Calls take ``--trace-latency`` s so that every
     debate is in flight at once despite tracemalloc's slowness. Then the rest of their calls are
-    instant, and what the worker still holds once they are all answered is a leak."""
+    instant, and what the worker still holds once they are all answered would be a leak."""
     import redis.asyncio as redis
 
     n, counts = args.trace_debates, [0, 0, 0]
@@ -411,6 +416,7 @@ def _print_trace(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, infl
 def _short(filename: str) -> str:
     return filename.replace(str(ROOT) + os.sep, "").replace(sys.prefix + os.sep, "")
 
+
 SECTIONS = {"inflight": inflight_section, "ratelimit": ratelimit_section}
 
 
@@ -435,6 +441,9 @@ def main() -> None:
     parser.add_argument("--stores", nargs="+", default=list(STORES.values()),
                         help="checkpoint stores of the in-flight runs ('default': the durable "
                         "default, in the broker's Redis)")
+    parser.add_argument("--lease-ttl", type=float, default=0.0,
+                        help="the durable handler's lease_ttl_s (0: its default; leases are "
+                        "renewed every third of it)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per debate")
     parser.add_argument("--call-latency", type=float, default=2.0, help="seconds per model call")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each in-flight burst")

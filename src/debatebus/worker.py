@@ -388,15 +388,22 @@ class DebateBus:
                 context.run(current_slot.set, slot)
                 task = asyncio.create_task(settler.process(delivery), context=context)
                 self._inflight[task] = delivery
-                task.add_done_callback(self._done)
-                task.add_done_callback(_releasing(slot))
+                task.add_done_callback(self._finished(slot))
         finally:
             if healthy is not None:
                 healthy.cancel()
             await _close_stream(stream)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.pop(task, None)
+    def _finished(self, slot: Slot) -> Callable[[asyncio.Task[None]], None]:
+        """The task's one done callback (one closure, not two callbacks: each debate in flight
+        keeps it): forget the task, and give ``slot`` back unless the task had lent it out and
+        not retaken it."""
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._inflight.pop(task, None)
+            slot.release()
+
+        return done
 
     def _release(self, delivery: Delivery) -> None:
         """Stop holding ``delivery`` (the transport stops keeping it alive) so the broker hands
@@ -417,11 +424,6 @@ class DebateBus:
                                   correlation_id=correlation_id, headers=headers)
         await self.transport.publish(message)
         return str(message.key)
-
-
-def _releasing(slot: Slot) -> Callable[[asyncio.Task[None]], None]:
-    """A done callback giving ``slot`` back, unless its task had lent it out and not retaken it."""
-    return lambda _: slot.release()
 
 
 async def _close_stream(stream: AsyncIterator[Delivery]) -> None:

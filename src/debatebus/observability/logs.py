@@ -2,8 +2,9 @@
 ids on every line logged while a request is handled, API keys redacted, transcripts left out.
 
 ``configure_logging(format="json")`` installs one handler on the root logger;
-``app.add_observer(LoggingObserver())`` logs each debate's start and end and lets every line
-logged while handling a request (engine, LLM clients, transports) carry its ids.
+``app.add_observer(LoggingObserver())`` logs one line as each request ends (and its debate's start
+when resumed or redelivered) and lets every line logged while handling a request (engine, LLM
+clients, transports) carry its ids.
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ _DEBUG_EVENTS: Final = frozenset((ev.RoundCompleted, *_CALL_EVENTS))
 
 
 class LoggingObserver(Observer):
-    """Logs each request's debate start (INFO), calls and rounds (DEBUG), failed turns (WARNING)
-    and its end (INFO, or WARNING when it did not complete), with its ids on every line.
+    """Logs each request's end (INFO, or WARNING when it did not complete: one line per request),
+    its debate's start (INFO when resumed or redelivered, else DEBUG), calls and rounds (DEBUG) and
+    failed turns (WARNING), with its ids on every line.
 
     Debate text — question, turns, verdicts, output — is logged only with ``log_transcripts=True``:
     it can be long, and it is the users' data.
@@ -201,10 +203,16 @@ class LoggingObserver(Observer):
             self._call(ctx, event)
 
     def _started(self, ctx: RequestContext, event: ev.DebateStarted) -> None:
+        # One INFO line per request (its end) unless the start is news: a resumed debate or a
+        # redelivered request. Every other start is at DEBUG.
+        level = (logging.INFO if event.resumed_from_round or ctx.deliveries > 1
+                 else logging.DEBUG)
+        if not self.log.isEnabledFor(level):
+            return
         resumed = (f", resumed after round {event.resumed_from_round}"
                    if event.resumed_from_round else "")
         question = f": {event.question}" if self.log_transcripts else ""
-        self._emit(ctx, logging.INFO, "debate %r started (delivery %d, %d participants, up to %d "
+        self._emit(ctx, level, "debate %r started (delivery %d, %d participants, up to %d "
                    "rounds%s)%s", event.debate_name, ctx.deliveries, len(event.participants),
                    event.max_rounds, resumed, question)
 
