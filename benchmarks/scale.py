@@ -205,6 +205,9 @@ def sleepy_bus(url: str, stream: str, args: argparse.Namespace, store: str, llm:
 
 def _inflight_worker(url: str, stream: str, args: argparse.Namespace, store: str,
                      counts: Any) -> None:
+    if args.gc_thresholds is not None:  # (0, 0, 0): no automatic cyclic garbage collection
+        gc.set_threshold(*args.gc_thresholds)
+
     async def serve() -> None:
         llm = SleepyLLM(args.call_latency, counts)
         async with sleepy_bus(url, stream, args, store, llm) as bus:
@@ -444,6 +447,8 @@ def main() -> None:
     parser.add_argument("--lease-ttl", type=float, default=0.0,
                         help="the durable handler's lease_ttl_s (0: its default; leases are "
                         "renewed every third of it)")
+    parser.add_argument("--gc-thresholds", type=int, nargs=3,
+                        help="the in-flight worker's gc.set_threshold (default: Python's)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per debate")
     parser.add_argument("--call-latency", type=float, default=2.0, help="seconds per model call")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each in-flight burst")
