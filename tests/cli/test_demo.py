@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from tests.bus.conftest import make_debate, running
 
+from debatebus import FunctionLLM, LLMRequest
 from debatebus.cli import main
 from debatebus.client import BusClient
 from debatebus.demo import DEMO_EVENT_TYPE, DEMO_GROUP
 from debatebus.schemas.envelope import completed_topic
+from debatebus.worker import DebateBus
 
 SCRIPT = [
     "FRAMING: weigh cost against speed.",  # moderator framing
@@ -56,27 +57,38 @@ def test_demo_prints_turns_in_order_then_the_result(
 
 
 @pytest.mark.redis
-async def test_demo_beside_a_real_worker_on_one_redis_touches_none_of_its_traffic(
+async def test_demo_beside_a_real_worker_on_one_redis_neither_touches_the_others_traffic(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server: Any) -> None:
     """``DEBATEBUS_BROKER`` is honoured, and the demo asks and answers on its own event type and
-    group: a request waiting on ``debate:request`` (a real worker's traffic) is left alone."""
+    group: a real worker serving ``debate:request`` on the same Redis answers its own request and
+    sees nothing of the demo's, and the demo answers only its own."""
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SCRIPT))
     monkeypatch.setenv("DEBATEBUS_BROKER", redis_server.url)
-    async with BusClient(redis_server.url) as client:
-        real = await client.publish("debate:request", {"input": "Real traffic?"}, request_id="real-1")
-    code = await asyncio.to_thread(main, ["demo", "--llm", f"scripted:{script}", "Demo?"])
+    questions: list[str] = []
+
+    def real_llm(request: LLMRequest) -> Any:
+        questions.append(request.prompt.split("\n", 1)[0])
+        return {"consensus": True, "summary": "ok"} if request.purpose == "judge" else "a turn"
+
+    worker = DebateBus(redis_server.url, heartbeat_interval_s=None)
+    worker.subscribe("debate:request", make_debate(FunctionLLM(real_llm)).as_handler())
+    async with running(worker), BusClient(redis_server.url) as client:
+        code = await asyncio.to_thread(main, ["demo", "--llm", f"scripted:{script}", "Demo?"])
+        real = await client.request("debate:request", {"input": "Real traffic?"},
+                                    request_id="real-1", timeout=30)
     assert code == 0
+    assert real.payload["debateStatus"] == "completed"
+    # The real worker ran only the real question; the demo's script (one debate's worth) was
+    # used by the demo alone, or the demo would have failed.
+    assert questions and all("Real traffic?" in q for q in questions)
     redis = Redis.from_url(redis_server.url)
     try:
-        # The real request is still unread by any group, and nothing answered it.
         assert await redis.xlen("debate:request") == 1
-        assert not await redis.exists(completed_topic("debate:request"))
-        groups = {g["name"] for g in await redis.xinfo_groups(DEMO_EVENT_TYPE)}
-        assert groups == {DEMO_GROUP.encode()}
+        assert await redis.xlen(completed_topic("debate:request")) == 1
         assert await redis.xlen(completed_topic(DEMO_EVENT_TYPE)) == 1
-        with contextlib.suppress(ResponseError):  # no stream, or no group: both mean untouched
-            assert await redis.xinfo_groups("debate:request") == []
+        assert {g["name"] for g in await redis.xinfo_groups(DEMO_EVENT_TYPE)} == {
+            DEMO_GROUP.encode()}
+        assert {g["name"] for g in await redis.xinfo_groups("debate:request")} == {b"debatebus"}
     finally:
         await redis.aclose()
-    assert real == "real-1"
