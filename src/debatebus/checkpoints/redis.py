@@ -48,9 +48,9 @@ from debatebus.checkpoints.base import (
 from debatebus.exceptions import TransportError
 from debatebus.transports.redis_common import (
     build_client,
-    check_client,
     describe,
     redis_call,
+    url_or_given,
 )
 from debatebus.transports.redis_pipeline import CommandBatcher
 
@@ -180,12 +180,7 @@ class RedisCheckpointStore(CheckpointStore):
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         super().__init__(retention_s=retention_s)
-        if isinstance(url_or_client, str):
-            self._url: str | None = url_or_client
-            self._given: Redis | None = None
-        else:
-            check_client(url_or_client)
-            self._url, self._given = None, url_or_client
+        self._url, self._given = url_or_given(url_or_client)
         self.prefix = prefix
         self._connect_timeout = connect_timeout
         self.timeout_s = timeout_s

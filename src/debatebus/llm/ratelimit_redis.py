@@ -25,7 +25,7 @@ from debatebus.llm.ratelimit import (
     RateLimiter,
     WaitObserver,
 )
-from debatebus.transports.redis_common import build_client, check_client, describe, redis_call
+from debatebus.transports.redis_common import build_client, describe, redis_call, url_or_given
 
 __all__ = ["RedisRateLimiter"]
 
@@ -111,12 +111,7 @@ class RedisRateLimiter(RateLimiter):
                  lease_s: float = 300.0, connect_timeout: float = 5.0,
                  timeout_s: float = 5.0) -> None:
         super().__init__(name, limit, on_wait=on_wait)
-        if isinstance(url_or_client, str):
-            self._url: str | None = url_or_client
-            self._given: Redis | None = None
-        else:
-            check_client(url_or_client)
-            self._url, self._given = None, url_or_client
+        self._url, self._given = url_or_given(url_or_client)
         self._where = describe(self._url, self._given)
         self._connect_timeout = connect_timeout
         self.timeout_s = timeout_s

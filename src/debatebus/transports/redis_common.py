@@ -49,10 +49,12 @@ __all__ = [
     "Command",
     "ReadTracker",
     "build_client",
+    "check_client",
     "describe",
     "map_redis_errors",
     "pack_commands",
     "redis_call",
+    "url_or_given",
 ]
 
 log = logging.getLogger("debatebus.transports.redis")
@@ -122,6 +124,15 @@ def check_client(client: Redis) -> None:
     """A caller-supplied client must hand back bytes: bodies are opaque and never decoded."""
     if client.get_encoder().decode_responses:  # type: ignore[no-untyped-call]
         raise ConfigError("pass a redis.asyncio.Redis built with decode_responses=False")
+
+
+def url_or_given(url_or_client: str | Redis) -> tuple[str | None, Redis | None]:
+    """What a Redis-backed component was given: a URL (it builds and closes its own client), or
+    the caller's client (checked here; the caller keeps owning it)."""
+    if isinstance(url_or_client, str):
+        return url_or_client, None
+    check_client(url_or_client)
+    return None, url_or_client
 
 
 def describe(url: str | None, client: Redis | None = None) -> str:
