@@ -38,11 +38,15 @@ def chaos_url(request: pytest.FixtureRequest) -> str:
 
 async def _chaos(workers: list[WorkerProcess], env: dict[str, str], tmp_path: Path,
                  rng: random.Random) -> dict[int, int]:
-    """Kill a random worker KILLS times, restarting it each time; returns kills per pid."""
+    """Kill a worker KILLS times at random moments, restarting it each time; returns kills per
+    pid. The victim is one that made a model call lately, when there is one: killing the worker
+    that holds nothing (on Kafka, the one without the partition) would test nothing."""
     killed: dict[int, int] = defaultdict(int)
     for n in range(KILLS):
         await asyncio.sleep(rng.uniform(0.8, 2.0))
-        victim = rng.randrange(len(workers))
+        recent = {call["pid"] for call in read_calls(tmp_path / "calls.log")[-12:]}
+        busy = [i for i, worker in enumerate(workers) if worker.pid in recent]
+        victim = rng.choice(busy) if busy else rng.randrange(len(workers))
         killed[workers[victim].pid] += 1
         workers[victim].kill()
         workers[victim] = WorkerProcess(env, tmp_path / f"w{victim}-{n}.log")
