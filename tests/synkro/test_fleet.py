@@ -186,7 +186,13 @@ async def test_two_workers_answer_each_request_once_with_one_debate_run(
 async def synkro_instance(redis: Redis, event_type: str, answered: list[str],
                           ready: asyncio.Event) -> None:
     """One Synkro handler instance, as its handler registry settles a message: dedupe check,
-    ``SET lock 1 EX 300 NX``, count, handle (slowly), publish, dedupe, unlock."""
+    ``SET lock 1 EX 300 NX``, count, handle (slowly), publish, dedupe, unlock.
+
+    Synkro's check and lock are two commands: an instance that stalls between them can take the
+    lock of a request another member answered and released meanwhile, and answer it again.
+    debatebus's claim is one script, but it cannot close the other member's window; this stand-in
+    checks the dedupe key again once it holds the lock, so the test counts debatebus's side only
+    (docs/wire-format.md, "Mixed fleets")."""
     pubsub = redis.pubsub()
     await pubsub.subscribe(event_type)
     ready.set()
@@ -199,6 +205,9 @@ async def synkro_instance(redis: Redis, event_type: str, answered: list[str],
             if await redis.get(dedupe_key(rid, event_type)) == "1":
                 continue
             if not await redis.set(lock_key(rid, event_type), "1", ex=300, nx=True):
+                continue
+            if await redis.get(dedupe_key(rid, event_type)) == "1":  # answered meanwhile
+                await redis.delete(lock_key(rid, event_type))
                 continue
             await redis.incr(metrics_key(event_type, "received"))
             await asyncio.sleep(0.05)

@@ -30,7 +30,6 @@ import functools
 import math
 from typing import Any, Literal
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
@@ -46,13 +45,14 @@ from debatebus.checkpoints.base import (
     require_entries,
 )
 from debatebus.exceptions import TransportError
+from debatebus.transports.redis_cluster import Batcher, make_batcher
 from debatebus.transports.redis_common import (
+    RedisClient,
     build_client,
     describe,
     redis_call,
     url_or_given,
 )
-from debatebus.transports.redis_pipeline import CommandBatcher
 
 __all__ = ["RedisCheckpointStore"]
 
@@ -155,7 +155,7 @@ def _px(keep_ms: int | None) -> int | str:
 class _Scripts:
     """The Lua scripts, registered once per client (redis-py reloads them after a restart)."""
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.begin: AsyncScript = client.register_script(_BEGIN)
         self.acquire: AsyncScript = client.register_script(_ACQUIRE)
         self.renew: AsyncScript = client.register_script(_RENEW)
@@ -167,12 +167,13 @@ class _Scripts:
 class RedisCheckpointStore(CheckpointStore):
     """Checkpoints on Redis. ``url_or_client``: a ``redis://``/``rediss://`` URL (the store owns
     and closes its client) or a ``redis.asyncio.Redis`` built with ``decode_responses=False``
-    (the caller keeps owning it). Checkpoints and results are kept ``retention_s`` after their
+    (the caller keeps owning it); ``?cluster=true`` or a ``RedisCluster`` for a Redis Cluster
+    (the keys are hash-tagged already). Checkpoints and results are kept ``retention_s`` after their
     last write. Every call is bounded by ``timeout_s``: past it, a ``TransportError`` saying so."""
 
     def __init__(
         self,
-        url_or_client: str | Redis,
+        url_or_client: str | RedisClient,
         *,
         prefix: str = "debatebus",
         retention_s: float = DEFAULT_RETENTION_S,
@@ -185,16 +186,16 @@ class RedisCheckpointStore(CheckpointStore):
         self._connect_timeout = connect_timeout
         self.timeout_s = timeout_s
         self._where = describe(self._url, self._given)
-        self._conn: tuple[Redis, _Scripts] | None = None
+        self._conn: tuple[RedisClient, _Scripts] | None = None
         self._connecting = asyncio.Lock()
-        self._batch: CommandBatcher | None = None
+        self._batch: Batcher | None = None
 
     # ---- plumbing -----------------------------------------------------------------------------
 
     async def connect(self) -> None:
         await self._client()
 
-    async def _client(self) -> tuple[Redis, _Scripts]:
+    async def _client(self) -> tuple[RedisClient, _Scripts]:
         if self._conn is not None:
             return self._conn
         async with self._connecting:  # the first debates of a worker all arrive here at once
@@ -202,7 +203,7 @@ class RedisCheckpointStore(CheckpointStore):
                 self._conn = await self._open()
             return self._conn
 
-    async def _open(self) -> tuple[Redis, _Scripts]:
+    async def _open(self) -> tuple[RedisClient, _Scripts]:
         client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
         try:
             async with self._bounded():
@@ -215,11 +216,11 @@ class RedisCheckpointStore(CheckpointStore):
             raise
         # The hot-path commands go through the transports' batcher: every call made by any
         # debate in one loop tick is one pipelined round trip.
-        self._batch = CommandBatcher(client, self._where, timeout=self.timeout_s)
+        self._batch = make_batcher(client, self._where, timeout=self.timeout_s)
         self._batch.start()
         return client, scripts
 
-    async def _load_scripts(self, client: Redis, scripts: _Scripts) -> None:
+    async def _load_scripts(self, client: RedisClient, scripts: _Scripts) -> None:
         async with self._bounded():  # batched calls send EVALSHA only
             for script in (scripts.start, scripts.finish, scripts.renew):
                 script.sha = await client.script_load(script.script)
@@ -320,7 +321,7 @@ class RedisCheckpointStore(CheckpointStore):
     async def release_lease(self, debate_id: str, owner: str) -> None:
         await self._lease_script("release", debate_id, owner)
 
-    async def _batcher(self) -> CommandBatcher:
+    async def _batcher(self) -> Batcher:
         """The batcher for hot-path commands: every store call made in one loop tick is sent as
         one pipeline."""
         await self._client()

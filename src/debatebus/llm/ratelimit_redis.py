@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from debatebus.llm.ratelimit import (
@@ -25,7 +24,13 @@ from debatebus.llm.ratelimit import (
     RateLimiter,
     WaitObserver,
 )
-from debatebus.transports.redis_common import build_client, describe, redis_call, url_or_given
+from debatebus.transports.redis_common import (
+    RedisClient,
+    build_client,
+    describe,
+    redis_call,
+    url_or_given,
+)
 
 __all__ = ["RedisRateLimiter"]
 
@@ -106,7 +111,7 @@ class RedisRateLimiter(RateLimiter):
     (keep it above the longest model call). A wait cancelled while its ask is in flight may leave
     its budget taken and its slot held until the lease ends."""
 
-    def __init__(self, url_or_client: str | Redis, name: str, limit: RateLimit, *,
+    def __init__(self, url_or_client: str | RedisClient, name: str, limit: RateLimit, *,
                  prefix: str = "debatebus", on_wait: WaitObserver | None = None,
                  lease_s: float = 300.0, connect_timeout: float = 5.0,
                  timeout_s: float = 5.0) -> None:
@@ -125,7 +130,7 @@ class RedisRateLimiter(RateLimiter):
             limit.capacity(limit.tokens_per_minute),
             limit.max_concurrent or 0,
         )
-        self._client: Redis | None = None
+        self._client: RedisClient | None = None
         self._script: AsyncScript | None = None
 
     def _connection(self) -> AsyncScript:

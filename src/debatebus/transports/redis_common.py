@@ -20,11 +20,11 @@ from collections.abc import (
     Mapping,
 )
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias, TypeGuard, cast
 from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import (
     Connection,
     SSLConnection,
@@ -36,6 +36,7 @@ from redis.exceptions import DataError
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.redaction import redact
+from debatebus.transports.base import Delivery
 
 try:
     import hiredis
@@ -48,12 +49,17 @@ __all__ = [
     "NO_HEADERS",
     "Command",
     "ReadTracker",
+    "RedisClient",
     "build_client",
     "check_client",
+    "cluster_url",
     "describe",
+    "is_cluster",
     "map_redis_errors",
+    "merge",
     "pack_commands",
     "redis_call",
+    "split_cluster",
     "url_or_given",
 ]
 
@@ -63,6 +69,11 @@ log = logging.getLogger("debatebus.transports.redis")
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 #: A command as its arguments: ``("XADD", stream, "*", field, value…)``; str, bytes or int.
 Command = tuple[Any, ...]
+#: The client seam: one Redis server, or a Redis Cluster (``?cluster=true`` in the URL).
+RedisClient: TypeAlias = Redis | RedisCluster
+#: The URL parameter that asks for a Redis Cluster (any scheme: Streams, pub/sub, store, limiter).
+_CLUSTER_PARAM = "cluster"
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
 
 
 class _HiredisPacking:
@@ -102,31 +113,62 @@ def _use_hiredis_packing(client: Redis) -> None:
         pool.connection_class = fast
 
 
-def build_client(url: str, *, connect_timeout: float) -> Redis:
+def split_cluster(url: str) -> tuple[str, bool]:
+    """``url`` without its ``cluster`` parameter (redis-py would hand it to every connection),
+    and whether it asks for a Redis Cluster: ``?cluster=true`` (or yes/1/on; false/no/0/off)."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, False
+    kept, cluster = [], False
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if name != _CLUSTER_PARAM:
+            kept.append(part)
+        elif value.lower() in _TRUE:
+            cluster = True
+        elif value.lower() not in _FALSE:
+            raise ConfigError(f"invalid Redis URL {redact(url)!r}: cluster= takes true or false,"
+                              f" not {value!r}")
+    return (f"{base}?{'&'.join(kept)}" if kept else base), cluster
+
+
+def cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (``?cluster=true``)."""
+    return split_cluster(url)[1]
+
+
+def is_cluster(client: RedisClient | None) -> TypeGuard[RedisCluster]:
+    """Whether ``client`` talks to a Redis Cluster: the one place the client seam is told apart."""
+    return isinstance(client, RedisCluster)
+
+
+def build_client(url: str, *, connect_timeout: float) -> RedisClient:
     """A client for ``url`` with bytes replies (bodies are never decoded) and short retries, so an
-    unreachable broker fails in about a second, not after redis-py's default backoff (~7 s)."""
+    unreachable broker fails in about a second, not after redis-py's default backoff (~7 s).
+    ``?cluster=true``: a ``RedisCluster`` seeded from the URL's host (it finds the other nodes)."""
+    plain, cluster = split_cluster(url)
+    options: dict[str, Any] = dict(
+        decode_responses=False, socket_connect_timeout=connect_timeout, socket_timeout=None,
+        socket_keepalive=True,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2))
     try:
-        client = Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_connect_timeout=connect_timeout,
-            socket_timeout=None,
-            socket_keepalive=True,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
-        )
-    except ValueError as e:
+        if cluster:
+            return RedisCluster.from_url(plain, **options)
+        client = Redis.from_url(plain, **options)
+    except (ValueError, redis_errors.RedisClusterException) as e:
         raise ConfigError(f"invalid Redis URL {redact(url)!r}: {e}") from e
     _use_hiredis_packing(client)
     return client
 
 
-def check_client(client: Redis) -> None:
+def check_client(client: RedisClient) -> None:
     """A caller-supplied client must hand back bytes: bodies are opaque and never decoded."""
-    if client.get_encoder().decode_responses:  # type: ignore[no-untyped-call]
-        raise ConfigError("pass a redis.asyncio.Redis built with decode_responses=False")
+    if client.get_encoder().decode_responses:
+        raise ConfigError("pass a redis.asyncio.Redis or RedisCluster built with "
+                          "decode_responses=False")
 
 
-def url_or_given(url_or_client: str | Redis) -> tuple[str | None, Redis | None]:
+def url_or_given(url_or_client: str | RedisClient) -> tuple[str | None, RedisClient | None]:
     """What a Redis-backed component was given: a URL (it builds and closes its own client), or
     the caller's client (checked here; the caller keeps owning it)."""
     if isinstance(url_or_client, str):
@@ -135,17 +177,22 @@ def url_or_given(url_or_client: str | Redis) -> tuple[str | None, Redis | None]:
     return None, url_or_client
 
 
-def describe(url: str | None, client: Redis | None = None) -> str:
+def describe(url: str | None, client: RedisClient | None = None) -> str:
     """``host:port`` for messages, never the password in the URL."""
+    if is_cluster(client):
+        nodes = client.get_nodes()
+        return f"{nodes[0].name if nodes else 'seed node'} (cluster)"
     if client is not None:
-        kwargs = client.connection_pool.connection_kwargs
+        kwargs = cast(Redis, client).connection_pool.connection_kwargs
         if "path" in kwargs:
             return str(kwargs["path"])
         return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-    parts = urlsplit(url or "")
+    plain, cluster = split_cluster(url or "")
+    parts = urlsplit(plain)
     if parts.scheme == "unix":
         return parts.path
-    return f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+    where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+    return f"{where} (cluster)" if cluster else where
 
 
 def _explain(error: BaseException, where: str) -> str:
@@ -166,6 +213,9 @@ def _explain(error: BaseException, where: str) -> str:
     if isinstance(error, redis_errors.ResponseError) and str(error).startswith("NOGROUP"):
         return (f"Redis at {where}: the stream or its consumer group is gone (deleted while in"
                 f" use?); consuming again recreates them {cause}")
+    if isinstance(error, redis_errors.RedisClusterException):  # e.g. no seed node answers
+        return (f"the Redis Cluster at {where} failed: does a node of it answer, with CLUSTER INFO"
+                f" saying cluster_state:ok? {cause}")
     if isinstance(error, redis_errors.ResponseError):
         return (f"Redis at {where} rejected a command: check the server version (Streams consumer"
                 f" groups need Redis >= 6.2) and its memory limit {cause}")
@@ -192,7 +242,7 @@ def map_redis_errors(where: str) -> Iterator[None]:
     refused credentials), the original as cause."""
     try:
         yield
-    except (redis_errors.RedisError, OSError) as e:
+    except (redis_errors.RedisError, redis_errors.RedisClusterException, OSError) as e:
         raise transport_error(e, where) from e
 
 
@@ -261,3 +311,31 @@ class ReadTracker:
     async def wait_idle(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), timeout)
+
+
+async def merge(*sources: AsyncIterator[Delivery]) -> AsyncIterator[Delivery]:
+    """Interleave several iterators until all end; the first error ends the merge and is raised."""
+    queue: asyncio.Queue[Delivery | BaseException | None] = asyncio.Queue(maxsize=64)
+
+    async def pump(source: AsyncIterator[Delivery]) -> None:
+        try:
+            async for item in source:
+                await queue.put(item)
+        except Exception as e:
+            await queue.put(e)
+        await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(source)) for source in sources]
+    running = len(tasks)
+    try:
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()

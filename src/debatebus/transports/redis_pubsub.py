@@ -22,6 +22,13 @@ the dialect.) ``reject(requeue=True)`` and ``release`` hand the message back to 
 the same topics, in this process only (kept across a ``consume`` that failed and was called
 again).
 
+Redis Cluster (``?cluster=true``): classic ``PUBLISH``/``SUBSCRIBE``, which a cluster relays to
+every node, so Synkro apps that ``PUBLISH`` reach debatebus workers subscribed on any node (sharded
+``SPUBLISH`` would not reach Synkro's classic subscribers). Each subscription is a redis-py
+``ClusterPubSub``; publishes and Synkro's keys go through the slot-routing batcher; the dead-letter
+streams are cluster-keyed like the Streams transport's. Synkro's claim runs as single-key steps
+there (see ``synkro``).
+
 Outages: ``consume`` raises ``TransportError`` when the connection is lost for good or Redis stops
 answering (a quiet subscription is checked with ``PING`` after ``command_timeout / 2``); calling
 it again subscribes again. What is published while nobody is subscribed is gone: at-most-once.
@@ -29,7 +36,6 @@ it again subscribes again. What is published while nobody is subscribed is gone:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -38,21 +44,24 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport, heartbeat_key
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
+from debatebus.transports.redis_cluster import Batcher, make_batcher
 from debatebus.transports.redis_common import (
     NO_HEADERS,
     ReadTracker,
+    RedisClient,
     build_client,
     check_client,
+    cluster_url,
     describe,
+    is_cluster,
+    merge,
     redis_call,
 )
-from debatebus.transports.redis_pipeline import CommandBatcher
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import SYNKRO_DEFAULTS, SynkroDialect, SynkroSettings
 
@@ -68,7 +77,7 @@ def _is_dlq(topic: str) -> bool:
 class RedisPubSubTransport(Transport):
     """Redis pub/sub speaking Synkro's wire; see the module docstring for what it does not promise.
 
-    ``client``: an existing ``redis.asyncio.Redis`` (built with ``decode_responses=False``) to
+    ``client``: an existing ``redis.asyncio.Redis`` or ``RedisCluster`` (``decode_responses=False``) to
     use instead of building one from ``url``; it is left open by ``close``. ``poll_ms`` bounds
     how long a listener waits before noticing ``close`` or a requeued message. ``synkro``:
     Synkro's lock, dedupe and metrics TTLs and dead-letter switch (``SynkroSettings``, Synkro's
@@ -76,7 +85,7 @@ class RedisPubSubTransport(Transport):
     """
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, connect_timeout: float = 5.0,
-                 command_timeout: float = 10.0, client: Redis | None = None,
+                 command_timeout: float = 10.0, client: RedisClient | None = None,
                  poll_ms: int = 100, synkro: SynkroSettings | None = SYNKRO_DEFAULTS) -> None:
         if client is not None:
             check_client(client)
@@ -87,14 +96,15 @@ class RedisPubSubTransport(Transport):
         self._client = client
         self._owns_client = client is None
         self._where = describe(url, client)
-        self._batcher: CommandBatcher | None = None
+        self._batcher: Batcher | None = None
         self._dead: RedisStreamsTransport | None = None
         self._reads = ReadTracker()
         self._listeners: set[PubSub] = set()
         #: Requeued and released deliveries by the topics consumed, waiting to be handed out again.
         self._requeued: dict[tuple[str, ...], deque[Delivery]] = {}
         self._closed = False
-        self._synkro = (SynkroDialect(synkro, lambda: self._parts()[1])
+        cluster = is_cluster(client) if client is not None else cluster_url(url)
+        self._synkro = (SynkroDialect(synkro, lambda: self._parts()[1], cluster=cluster)
                         if synkro is not None else None)
 
     @property
@@ -112,7 +122,7 @@ class RedisPubSubTransport(Transport):
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
                                            block_ms=max(1, int(self._poll_s * 1000)))
         await self._dead.connect()
-        self._batcher = CommandBatcher(self._client, self._where, timeout=self._timeout)
+        self._batcher = make_batcher(self._client, self._where, timeout=self._timeout)
         self._batcher.start()
 
     async def close(self) -> None:
@@ -145,7 +155,7 @@ class RedisPubSubTransport(Transport):
             elif _consumer_of(await client.get(key)) == consumer:
                 await client.delete(key)
 
-    def _parts(self) -> tuple[Redis, CommandBatcher, RedisStreamsTransport]:
+    def _parts(self) -> tuple[RedisClient, Batcher, RedisStreamsTransport]:
         if self._client is None or self._batcher is None or self._dead is None or self._closed:
             raise TransportError("the Redis transport is not connected: call connect() or use async with")
         return self._client, self._batcher, self._dead
@@ -164,10 +174,11 @@ class RedisPubSubTransport(Transport):
         count it and let its lock go, in the same pipeline; nothing else to acknowledge."""
         _, batcher, dead = self._parts()
         commands = [("PUBLISH", r.topic, r.body) for r in results if not _is_dlq(r.topic)]
-        if self._synkro is not None:
-            commands += self._synkro.settle_commands(delivery, results)
-        if commands:
-            await batcher.submit(commands)
+        steps = ([commands] if self._synkro is None
+                 else self._synkro.settle_steps(delivery, results, commands))
+        for step in steps:
+            if step:
+                await batcher.submit(step)
         if self._synkro is not None:
             self._synkro.settled(delivery)
         for result in results:
@@ -216,7 +227,7 @@ class RedisPubSubTransport(Transport):
             sources.append(self._messages(await self._subscribed(channels), channels, None))
         if streams:
             sources.append(await dead.subscribe(streams))
-        return sources[0] if len(sources) == 1 else _merge(*sources)
+        return sources[0] if len(sources) == 1 else merge(*sources)
 
     async def _subscribed(self, channels: Sequence[str]) -> PubSub:
         """A pub/sub connection whose SUBSCRIBE the server has confirmed: whatever is published
@@ -298,31 +309,3 @@ def _consumer_of(raw: bytes | str | None) -> object:
 async def _quietly_close(pubsub: PubSub) -> None:
     with contextlib.suppress(redis_errors.RedisError, OSError):
         await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-
-async def _merge(*sources: AsyncIterator[Delivery]) -> AsyncIterator[Delivery]:
-    """Interleave several iterators until all end; the first error ends the merge and is raised."""
-    queue: asyncio.Queue[Delivery | BaseException | None] = asyncio.Queue(maxsize=64)
-
-    async def pump(source: AsyncIterator[Delivery]) -> None:
-        try:
-            async for item in source:
-                await queue.put(item)
-        except Exception as e:
-            await queue.put(e)
-        await queue.put(None)
-
-    tasks = [asyncio.create_task(pump(source)) for source in sources]
-    running = len(tasks)
-    try:
-        while running:
-            item = await queue.get()
-            if item is None:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()

@@ -32,19 +32,23 @@ same held entries, making the stream and group again if the server lost them. Wh
 holds stays pending in Redis through an outage (the keep-alive resumes once Redis answers).
 
 RESP2 and RESP3 (``?protocol=3``) clients both work: replies are read in either shape.
+
+Redis Cluster (``?cluster=true``): a topic's stream is ``cluster_key(topic)``, its family as hash
+tag (``debate:request`` → ``{debate:request}``), so the settle script's streams share one slot;
+see ``redis_cluster``. A ``consume`` over topics of several slots reads each slot on its own.
+So ``ack`` publishes results only to topics of the request's family (``event:{type}:completed``
+and the like): others are refused with a ``ConfigError``, the entry left held.
+
+The consumer side (seats, reads, reclaiming, the keep-alive) is ``redis_groups``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from debatebus.exceptions import ConfigError, TransportError
@@ -58,13 +62,22 @@ from debatebus.transports.base import (
     Transport,
     dlq_topic,
 )
+from debatebus.transports.redis_cluster import (
+    Batcher,
+    by_slot,
+    check_one_slot,
+    make_batcher,
+    stream_key_rule,
+)
 from debatebus.transports.redis_common import (
-    ReadTracker,
+    RedisClient,
     build_client,
     check_client,
+    cluster_url,
     describe,
+    is_cluster,
     log,
-    redis_call,
+    merge,
 )
 from debatebus.transports.redis_entries import (
     DELIVERIES_HEADER,
@@ -76,7 +89,7 @@ from debatebus.transports.redis_entries import (
     message_fields,
     stream_entries,
 )
-from debatebus.transports.redis_pipeline import CommandBatcher
+from debatebus.transports.redis_groups import NOT_CONNECTED, ConsumerGroups, StreamsLink, seat_of
 
 __all__ = [
     "DELIVERIES_HEADER",
@@ -89,98 +102,73 @@ __all__ = [
 
 _RANGE_PAGE = 500
 
-@dataclass(slots=True, eq=False)
-class _Seat:
-    """This consumer's seat in one stream's group: the entries it holds unsettled, kept alive
-    (a *claim* on them, in Redis's words; not a debate's lease, which the checkpoint store keeps)."""
-
-    topic: str
-    group: str
-    consumer: str
-    inflight: set[str] = field(default_factory=set)
-    #: A requeued entry is waiting in the pending list: reclaim without waiting for the timer.
-    claim_due: bool = False
-
 
 class RedisStreamsTransport(Transport):
     """Redis Streams with consumer groups; see the module docstring for the wire format.
 
-    ``client``: an existing ``redis.asyncio.Redis`` (built with ``decode_responses=False``) to
-    use instead of building one from ``url``; it is left open by ``close``, and keeps its own
+    ``client``: an existing ``redis.asyncio.Redis`` or ``RedisCluster`` (built with
+    ``decode_responses=False``) to use instead of building one from ``url``; it is left open by
+    ``close``, and keeps its own
     ``socket_timeout`` (redis-py's default is 5 s: keep ``block_ms`` below it).
     ``command_timeout`` bounds every call but the blocking reads, which get ``block_ms`` more.
     """
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, claim_idle_ms: int = 30_000,
                  block_ms: int = 1_000, max_len: int | None = None, connect_timeout: float = 5.0,
-                 command_timeout: float = 10.0, client: Redis | None = None) -> None:
+                 command_timeout: float = 10.0, client: RedisClient | None = None) -> None:
         if claim_idle_ms < 10 or block_ms < 1:
             raise ConfigError("claim_idle_ms must be >= 10 and block_ms >= 1")
         if client is not None:
             check_client(client)
         self._url = url
         self._connect_timeout = connect_timeout
-        self._timeout = command_timeout
-        self._claim_idle_ms = claim_idle_ms
-        self._block_ms = block_ms
         self._trim: tuple[Any, ...] = ("MAXLEN", "~", max_len) if max_len else ()
         self._max_len: int | str = max_len or ""  # the settle script's form: '' for none
-        self._client = client
         self._owns_client = client is None
-        self._where = describe(url, client)
-        self._batcher: CommandBatcher | None = None
-        self._keepalive: asyncio.Task[None] | None = None
-        self._seats: dict[tuple[str, str, str], _Seat] = {}
-        self._reads = ReadTracker()
-        self._closed = False
+        cluster = is_cluster(client) if client is not None else cluster_url(url)
+        self._link = StreamsLink(describe(url, client), command_timeout, block_ms, cluster,
+                                 stream_key_rule(cluster), client)
+        self._key = self._link.key
+        self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms)
+        self._batcher: Batcher | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def connect(self) -> None:
         if self._batcher is not None:
             return
-        if self._client is None:
-            self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        async with self._call():
-            await self._client.ping()
-        self._closed = False
-        self._batcher = CommandBatcher(self._client, self._where, timeout=self._timeout)
+        link = self._link
+        if link.client is None:
+            link.client = build_client(self._url, connect_timeout=self._connect_timeout)
+        async with link.call():
+            await link.client.ping()
+        link.closed = False
+        self._batcher = make_batcher(link.client, link.where, timeout=link.timeout)
         self._batcher.start()
-        self._keepalive = asyncio.create_task(self._keep_claims(), name="debatebus-redis-keepalive")
+        self._groups.start()
 
     async def close(self) -> None:
-        self._closed = True
-        await self._reads.wait_idle(self._block_ms / 1000 + 1.0)
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keepalive
-            self._keepalive = None
+        link = self._link
+        link.closed = True
+        await link.reads.wait_idle(link.block_ms / 1000 + 1.0)
+        await self._groups.stop()
         if self._batcher is not None:
             batcher, self._batcher = self._batcher, None
             await batcher.stop()
-        if self._client is not None and self._owns_client:
-            client, self._client = self._client, None
+        if link.client is not None and self._owns_client:
+            client, link.client = link.client, None
             with contextlib.suppress(redis_errors.RedisError, OSError):
                 await client.aclose()
 
-    def _call(self, blocking_ms: int = 0) -> contextlib.AbstractAsyncContextManager[None]:
-        return redis_call(self._where, self._timeout + blocking_ms / 1000)
-
-    def _redis(self) -> Redis:
-        if self._client is None or self._closed:
-            raise TransportError("the Redis transport is not connected: call connect() or use async with")
-        return self._client
-
-    def _submit_to(self) -> CommandBatcher:
+    def _submit_to(self) -> Batcher:
         if self._batcher is None:
-            raise TransportError("the Redis transport is not connected: call connect() or use async with")
+            raise TransportError(NOT_CONNECTED)
         return self._batcher
 
     # -- publishing and settling -----------------------------------------------------------------
 
     def _xadd(self, topic: str, fields: list[Any]) -> tuple[Any, ...]:
-        return ("XADD", topic, *self._trim, "*", *fields)
+        return ("XADD", self._key(topic), *self._trim, "*", *fields)
 
     async def publish(self, message: Outgoing) -> str:
         command = self._xadd(message.topic, message_fields(message.body, message.key, message.headers))
@@ -203,27 +191,20 @@ class RedisStreamsTransport(Transport):
             await self._settle(delivery, [(dlq_topic(delivery.topic), "",  # never trimmed
                                            self._dead_letter_fields(delivery, reason))])
             return
-        seat = _seat_of(delivery)
-        seat.inflight.discard(delivery.id)
-        # Back-dating the entry's idle time makes the next XAUTOCLAIM (ours, or any live
-        # consumer's) take it, which also counts the delivery; JUSTID leaves the count alone here.
-        # Should this fail, the entry is still released: it is claimed after claim_idle_ms.
-        async with self._call():
-            await self._redis().xclaim(seat.topic, seat.group, seat.consumer, 0, [delivery.id],
-                                       idle=self._claim_idle_ms, justid=True)
-        seat.claim_due = True
+        await self._groups.requeue(delivery)
 
     def release(self, delivery: Delivery) -> None:
         """Stop keeping the entry alive: it stays pending and any consumer's ``XAUTOCLAIM``
         takes it once it has been idle for ``claim_idle_ms``."""
-        if isinstance(delivery.token, _Seat):
-            delivery.token.inflight.discard(delivery.id)
+        self._groups.release(delivery)
 
     async def _settle(self, delivery: Delivery, outputs: Sequence[tuple[str, int | str, list[Any]]],
                       ) -> None:
         """Run the settle script: ``outputs`` are (stream, MAXLEN or '', fields) to publish."""
-        seat = _seat_of(delivery)
-        keys = [seat.topic, *(topic for topic, _, _ in outputs)]
+        seat = seat_of(delivery)
+        keys = [seat.key, *(self._key(topic) for topic, _, _ in outputs)]
+        if self._link.cluster:
+            check_one_slot(keys, "a request stream and what its settle publishes")
         args: list[Any] = [seat.group, delivery.id]
         for _, max_len, fields in outputs:
             args += (max_len, len(fields), *fields)
@@ -233,8 +214,8 @@ class RedisStreamsTransport(Transport):
         except TransportError as e:
             if not isinstance(e.__cause__, NoScriptError):
                 raise
-            async with self._call():  # a restarted Redis forgot the script: load it, once
-                await self._redis().script_load(SETTLE)
+            async with self._link.call():  # a restarted Redis forgot the script: load it, once
+                await self._link.redis().script_load(SETTLE)
             (settled,) = await self._submit_to().submit((command,))
         seat.inflight.discard(delivery.id)
         if not settled:
@@ -248,29 +229,12 @@ class RedisStreamsTransport(Transport):
     async def dead_letter(self, delivery: Delivery, reason: str) -> str:
         """Write ``delivery`` to ``{topic}:dlq`` without acknowledging anything: for messages that
         did not come from a consumer group (Redis pub/sub keeps its dead letters here)."""
-        command = ("XADD", dlq_topic(delivery.topic), "*",  # never trimmed
+        command = ("XADD", self._key(dlq_topic(delivery.topic)), "*",  # never trimmed
                    *self._dead_letter_fields(delivery, reason))
         (entry_id,) = await self._submit_to().submit([command])
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 
     # -- consuming -------------------------------------------------------------------------------
-
-    def _seat(self, topic: str, group: str, consumer: str) -> _Seat:
-        key = (topic, group, consumer)
-        seat = self._seats.get(key)
-        if seat is None:
-            seat = self._seats[key] = _Seat(topic, group, consumer)
-        return seat
-
-    async def _ensure_groups(self, seats: Iterable[_Seat]) -> None:
-        for seat in seats:
-            try:
-                async with self._call():
-                    await self._redis().xgroup_create(seat.topic, seat.group, id="0",
-                                                      mkstream=True)
-            except TransportError as e:
-                if "BUSYGROUP" not in str(e.__cause__):
-                    raise
 
     async def ensure_topics(self, topics: Sequence[str]) -> None:
         """Streams and groups are made on first consume; nothing has to exist beforehand."""
@@ -280,145 +244,11 @@ class RedisStreamsTransport(Transport):
         if prefetch < 1 or not topics:
             raise ConfigError("consume needs at least one topic and prefetch >= 1")
         await self.connect()
-        # Leases outlive this call: consuming again after an error carries on with what is held.
-        seats = [self._seat(topic, group, consumer) for topic in topics]
-        await self._ensure_groups(seats)
-        batch: list[Delivery] = []
-        next_claim = 0.0
-        try:
-            while not self._closed:
-                try:
-                    if next_claim <= time.monotonic() or any(seat.claim_due for seat in seats):
-                        next_claim = time.monotonic() + self._claim_idle_ms / 2000
-                        batch = await self._reclaim(seats, prefetch)
-                    if not batch:
-                        batch = await self._read_new(seats, prefetch)
-                except TransportError as e:
-                    if "NOGROUP" not in str(e.__cause__):
-                        raise
-                    # The stream or group is gone (deleted, or Redis restarted without its
-                    # data): make them again and carry on.
-                    await self._ensure_groups(seats)
-                    continue
-                batch.reverse()
-                while batch:
-                    yield batch.pop()
-        except TransportError:
-            if not self._closed:  # close() pulls the connection from under a blocked read
-                raise
-        finally:
-            # Read but never handed out: left pending, reclaimed after claim_idle_ms.
-            for delivery in batch:
-                delivery.token.inflight.discard(delivery.id)
-
-    async def _read_new(self, seats: list[_Seat], prefetch: int) -> list[Delivery]:
-        streams = {seat.topic: ">" for seat in seats}
-        seat = seats[0]
-        with self._reads.reading():
-            async with self._call(self._block_ms):
-                reply = await self._redis().xreadgroup(
-                    seat.group, seat.consumer, streams,  # type: ignore[arg-type]
-                    count=prefetch, block=self._block_ms)
-        return self._deliveries(seats, reply)
-
-    def _deliveries(self, seats: list[_Seat], reply: Any) -> list[Delivery]:
-        by_name = {seat.topic.encode(): seat for seat in seats} if len(seats) > 1 else None
-        out: list[Delivery] = []
-        for name, entries in stream_entries(reply):
-            seat = by_name[name] if by_name is not None else seats[0]
-            inflight, topic = seat.inflight, seat.topic
-            for entry_id, fields in entries:
-                if fields is None:  # trimmed away while pending
-                    continue
-                delivery = entry_to_delivery(topic, entry_id, fields, 1, seat)
-                inflight.add(delivery.id)
-                out.append(delivery)
-        return out
-
-    async def _reclaim(self, seats: list[_Seat], prefetch: int) -> list[Delivery]:
-        out: list[Delivery] = []
-        for seat in seats:
-            seat.claim_due = False
-            claimed = await self._autoclaim(seat, prefetch - len(out))
-            if claimed:
-                counts = await self._delivery_counts(seat, [ident for ident, _ in claimed])
-                out += (entry_to_delivery(seat.topic, ident, fields, counts.get(ident, 2), seat)
-                        for ident, fields in claimed)
-            if len(out) >= prefetch:
-                break
-        # Held only once the whole batch is in hand: a failure half-way leaves nothing held that
-        # is never handed out (what was claimed is claimed again after claim_idle_ms).
-        for delivery in out:
-            delivery.token.inflight.add(delivery.id)
-        return out
-
-    async def _autoclaim(self, seat: _Seat, limit: int) -> list[tuple[str, Any]]:
-        """Entries idle past ``claim_idle_ms`` in any consumer's pending list, now ours."""
-        claimed: list[tuple[str, Any]] = []
-        cursor: Any = "0-0"
-        while len(claimed) < limit:
-            async with self._call():
-                reply: Any = await self._redis().xautoclaim(
-                    seat.topic, seat.group, seat.consumer, self._claim_idle_ms,
-                    start_id=cursor, count=limit - len(claimed))
-            cursor = reply[0]
-            for entry_id, fields in reply[1]:
-                if entry_id is None or fields is None:  # deleted entries (Redis 6.2 shape)
-                    continue
-                ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                # Ours and still being worked on (the loop stalled past a keepalive): skip it.
-                if ident not in seat.inflight:
-                    claimed.append((ident, fields))
-            if cursor in (b"0-0", "0-0"):
-                break
-        return claimed
-
-    async def _delivery_counts(self, seat: _Seat, ids: list[str]) -> dict[str, int]:
-        """XAUTOCLAIM does not report delivery counts; XPENDING does, one id at a time."""
-        pipe = self._redis().pipeline(transaction=False)
-        for ident in ids:
-            pipe.xpending_range(seat.topic, seat.group, ident, ident, 1, seat.consumer)
-        async with self._call():
-            replies: list[Any] = await pipe.execute()
-        counts: dict[str, int] = {}
-        for ident, reply in zip(ids, replies, strict=True):
-            if reply:
-                counts[ident] = int(reply[0]["times_delivered"])
-        return counts
-
-    async def _refresh(self, held: Mapping[_Seat, Iterable[str]]) -> None:
-        # XCLAIM … JUSTID resets the idle time without counting a delivery.
-        pipe = self._redis().pipeline(transaction=False)
-        for seat, ids in held.items():
-            pipe.xclaim(seat.topic, seat.group, seat.consumer, 0, list(ids), justid=True)
-        await pipe.execute(raise_on_error=False)
-
-    async def _keep_claims(self) -> None:
-        """Keep everything this process holds — handed out or still buffered — from looking
-        abandoned, so no live consumer's work is taken over however long a debate runs. Lives
-        through outages: one warning when refreshing starts failing, one INFO when it works again."""
-        failing = False
-        while True:
-            await asyncio.sleep(self._claim_idle_ms / 3000)
-            if self._closed:  # close() cancels us once the reads are done
-                return
-            held = {seat: seat.inflight for seat in self._seats.values() if seat.inflight}
-            if not held:
-                continue
-            try:
-                async with self._call():
-                    await self._refresh(held)
-            except Exception as e:  # whatever it is, the next round may get through
-                if not failing:
-                    log.warning("cannot keep held entries alive: they may be reclaimed by another "
-                                "consumer if this lasts over claim_idle_ms; retrying every %.1f s: "
-                                "%s", self._claim_idle_ms / 3000, e)
-                failing = True
-                continue
-            if failing:
-                log.info("Redis at %s answers again: held entries are kept alive again",
-                         self._where)
-            failing = False
+        # Closed with this generator, so what it read but never handed out is let go at once.
+        async with contextlib.aclosing(self._groups.consume(
+                topics, group=group, consumer=consumer, prefetch=prefetch)) as deliveries:
+            async for delivery in deliveries:
+                yield delivery
 
     # -- heartbeats ------------------------------------------------------------------------------
 
@@ -426,41 +256,46 @@ class RedisStreamsTransport(Transport):
                               interval_s: float, last: bool = False) -> None:
         """An entry of the stream ``HEARTBEAT_TOPIC`` (field ``envelope``, so ``debatebus tail``
         shows it), trimmed to about ``HEARTBEAT_STREAM_MAXLEN`` entries."""
-        async with self._call():
-            await self._redis().xadd(HEARTBEAT_TOPIC, {ENVELOPE: beat},
-                                     maxlen=HEARTBEAT_STREAM_MAXLEN, approximate=True)
+        async with self._link.call():
+            await self._link.redis().xadd(HEARTBEAT_TOPIC, {ENVELOPE: beat},
+                                          maxlen=HEARTBEAT_STREAM_MAXLEN, approximate=True)
 
     # -- reading outside any group ---------------------------------------------------------------
 
     async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
         await self.connect()
-        return self._follow(topics, await self._last_ids(topics))
+        groups = by_slot(topics, self._key) if self._link.cluster else [list(topics)]
+        followers = [self._follow(group, await self._last_ids(group)) for group in groups]
+        return followers[0] if len(followers) == 1 else merge(*followers)
 
     async def _follow(self, topics: Sequence[str], last: dict[str, Any]) -> AsyncIterator[Delivery]:
-        names = {topic.encode(): topic for topic in topics}
+        """``last``: the last entry id seen, by stream key."""
+        names = {self._key(topic).encode(): topic for topic in topics}
+        link = self._link
         try:
-            while not self._closed:
-                with self._reads.reading():
-                    async with self._call(self._block_ms):
-                        reply = await self._redis().xread(
-                            last, count=_RANGE_PAGE, block=self._block_ms)  # type: ignore[arg-type]
+            while not link.closed:
+                with link.reads.reading():
+                    async with link.call(link.block_ms):
+                        reply = await link.redis().xread(
+                            last, count=_RANGE_PAGE, block=link.block_ms)  # type: ignore[arg-type]
                 for name, entries in stream_entries(reply):
                     topic = names[name]
                     for entry_id, fields in entries:
-                        last[topic] = entry_id
+                        last[name.decode()] = entry_id
                         yield entry_to_delivery(topic, entry_id, fields)
         except TransportError:
-            if not self._closed:
+            if not link.closed:
                 raise
 
     async def _last_ids(self, topics: Sequence[str]) -> dict[str, Any]:
         # An explicit id, not "$" on every call: "$" would skip what arrives between two reads.
-        pipe = self._redis().pipeline(transaction=False)
-        for topic in topics:
-            pipe.xrevrange(topic, "+", "-", count=1)
-        async with self._call():
+        pipe = self._link.redis().pipeline(transaction=False)
+        keys = [self._key(topic) for topic in topics]
+        for key in keys:
+            pipe.xrevrange(key, "+", "-", count=1)
+        async with self._link.call():
             replies: list[Any] = await pipe.execute()
-        return {topic: reply[0][0] if reply else "0-0" for topic, reply in zip(topics, replies, strict=True)}
+        return {key: reply[0][0] if reply else "0-0" for key, reply in zip(keys, replies, strict=True)}
 
     async def read_range(self, topic: str, start: str = "-", end: str = "+",
                          count: int | None = None) -> AsyncIterator[Delivery]:
@@ -470,8 +305,9 @@ class RedisStreamsTransport(Transport):
         left = count
         while left is None or left > 0:
             page = _RANGE_PAGE if left is None else min(_RANGE_PAGE, left)
-            async with self._call():
-                entries: Any = await self._redis().xrange(topic, start, end, count=page)
+            async with self._link.call():
+                entries: Any = await self._link.redis().xrange(self._key(topic), start, end,
+                                                               count=page)
             for entry_id, fields in entries:
                 yield entry_to_delivery(topic, entry_id, fields)
             if len(entries) < page:
@@ -481,9 +317,3 @@ class RedisStreamsTransport(Transport):
             if left is not None:
                 left -= len(entries)
 
-
-def _seat_of(delivery: Delivery) -> _Seat:
-    if not isinstance(delivery.token, _Seat):
-        raise ConfigError("ack and reject take deliveries from consume(), not from subscribe() "
-                          "or read_range()")
-    return delivery.token

@@ -22,6 +22,16 @@ What a Synkro handler instance does around each message, and so what this dialec
 * **Events** each get their own requestId, ``<requestId>:<seq>``, with the event under
   ``payload``: Synkro's subscriber drops a second message of one requestId on a channel.
 
+**Redis Cluster.** Synkro's key names are its protocol and carry no hash tag, so a request's lock,
+dedupe key and counter live in different slots and no script may touch them together. There the
+claim is single-key steps, in an order that keeps it exclusive: ``SET lock NX`` first; then
+``GET dedupe``, and if it holds ``1`` the lock is deleted again and the message left alone; then the
+``received`` count. Settling runs in steps too, each sent once the one before has been answered:
+the result's ``PUBLISH``; the dedupe key, counters and dead-letter item; the lock's ``DEL``. So
+whoever takes the lock after it is deleted finds the dedupe key set, as on one node. What is lost
+is only the count's atomicity with the claim (a crash between the steps leaves the count one
+short), and each claim and settle costs two or three round trips instead of one.
+
 The lock, dedupe and metrics TTLs are Synkro's ``retention`` options (``lockTtl``, ``dedupTtl``,
 ``metricsTtl``), with Synkro's defaults: ``SynkroSettings``, a transport option of
 ``redis+pubsub://`` (``transport_options={"synkro": SynkroSettings(lock_ttl_s=900)}``).
@@ -43,8 +53,8 @@ from debatebus.transports.dialect import WireDialect
 if TYPE_CHECKING:  # the redis modules too: a worker importing step_channel needs no redis client
     from debatebus.handlers.contract import HandlerResult
     from debatebus.transports.base import Delivery, Outgoing
+    from debatebus.transports.redis_cluster import Batcher
     from debatebus.transports.redis_common import Command
-    from debatebus.transports.redis_pipeline import CommandBatcher
 
 __all__ = [
     "DEFAULT_DEDUPE_TTL_S",
@@ -147,13 +157,16 @@ class _Claim:
 
 class SynkroDialect(WireDialect):
     """Synkro's rules (see the module docstring), on the Redis behind ``batcher``: a callable
-    giving the transport's ``CommandBatcher`` (raising ``TransportError`` when not connected)."""
+    giving the transport's batcher (raising ``TransportError`` when not connected). ``cluster``:
+    the claim and settle in single-key steps (a Redis Cluster)."""
 
     name = "synkro"
 
-    def __init__(self, settings: SynkroSettings, batcher: Callable[[], CommandBatcher]) -> None:
+    def __init__(self, settings: SynkroSettings, batcher: Callable[[], Batcher], *,
+                 cluster: bool = False) -> None:
         self.settings = settings
         self._batcher = batcher
+        self._cluster = cluster
         self._claims: dict[int, _Claim] = {}
 
     async def claim(self, delivery: Delivery, request_id: str) -> bool:
@@ -162,12 +175,38 @@ class SynkroDialect(WireDialect):
         if tracks_metrics(topic):
             keys.append(metrics_key(topic, "received"))
         ttl = self.settings.metrics_ttl_s
-        command = ("EVAL", _CLAIM, len(keys), *keys, self.settings.lock_ttl_s,
-                   "" if ttl is None else ttl)
-        (taken,) = await self._batcher().submit((command,))
+        if self._cluster:
+            taken = await self._claim_in_steps(keys, "" if ttl is None else ttl)
+        else:
+            command = ("EVAL", _CLAIM, len(keys), *keys, self.settings.lock_ttl_s,
+                       "" if ttl is None else ttl)
+            (taken,) = await self._batcher().submit((command,))
         if taken == 1:
             self._claims[id(delivery)] = _Claim(delivery, request_id)
         return bool(taken == 1)
+
+    async def _claim_in_steps(self, keys: list[str], ttl: int | str) -> int:
+        """``_CLAIM``'s answer, one key at a time (a cluster): lock first, then the dedupe check."""
+        batcher = self._batcher()
+        (locked,) = await batcher.submit((("SET", keys[1], "1", "EX", self.settings.lock_ttl_s,
+                                           "NX"),))
+        if locked is None:
+            return -1
+        try:
+            (answered,) = await batcher.submit((("GET", keys[0]),))
+            if answered != b"1" and len(keys) > 2:
+                count: list[Command] = [("INCR", keys[2])]
+                await batcher.submit(count + ([("EXPIRE", keys[2], ttl)] if ttl != "" else []))
+        except BaseException:
+            # Not claimed after all: let the lock go (should that fail too, it expires).
+            with contextlib.suppress(TransportError):
+                batcher.enqueue((("DEL", keys[1]),)).add_done_callback(
+                    lambda f: f.cancelled() or f.exception())
+            raise
+        if answered == b"1":
+            await batcher.submit((("DEL", keys[1]),))
+            return 0
+        return 1
 
     def settle_commands(self, delivery: Delivery, results: Sequence[Outgoing]) -> list[Command]:
         """What Redis must do after ``results`` are published, for a claimed ``delivery`` (none
@@ -188,6 +227,16 @@ class SynkroDialect(WireDialect):
                 commands.append(("LPUSH", dlq_key(topic), _dlq_item(delivery, failure)))
         commands.append(("DEL", lock_key(claim.request_id, topic)))
         return commands
+
+    def settle_steps(self, delivery: Delivery, results: Sequence[Outgoing],
+                     publishes: list[Command]) -> list[list[Command]]:
+        """What ``ack`` sends, ``publishes`` (the results) first, as steps each sent once the one
+        before is answered: one pipeline on one node (it keeps the order), else (a cluster) the
+        publishes, then the dedupe key and counters, then the lock's ``DEL``."""
+        settle = self.settle_commands(delivery, results)
+        if not self._cluster:
+            return [publishes + settle]
+        return [publishes, settle[:-1], settle[-1:]] if settle else [publishes]
 
     def settled(self, delivery: Delivery) -> None:
         self._claims.pop(id(delivery), None)

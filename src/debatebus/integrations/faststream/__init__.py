@@ -42,8 +42,9 @@ def mount(broker: RedisBroker | KafkaBroker, source: str | StreamSub[Any], handl
 
     ``source``: an event type (a Redis pub/sub channel; on Kafka, its topic read in consumer
     group ``group``), or a ``StreamSub`` naming a Redis stream (its ``group``/``consumer`` are
-    FastStream's). ``stream_field``: the Streams entry field holding the envelope, read and
-    written (``"__data__"`` is FastStream's own). ``subscriber_options`` go to
+    FastStream's; on a ``RedisClusterBroker`` it reads the event type's cluster key, and results
+    and dead letters go to theirs). ``stream_field``: the Streams entry field holding the
+    envelope, read and written (``"__data__"`` is FastStream's own). ``subscriber_options`` go to
     ``broker.subscriber`` (e.g. ``max_workers`` to answer several requests at once).
 
     A ``DebateHandler`` needs a store given to it (``as_handler(store=...)``): unlike

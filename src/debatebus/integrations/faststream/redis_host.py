@@ -6,14 +6,22 @@ default, so debatebus producers, workers and ``debatebus tail`` read what the ho
 ``"__data__"`` (FastStream's field) results go through FastStream's own publishers instead.
 Requests are read from either field. Dead letters are always debatebus's entries of
 ``{type}:dlq`` (``envelope``, ``key``, ``reason``, ``origin``, ``originId``, ``deliveries``).
+
+On a ``RedisClusterBroker`` every stream is named by debatebus's cluster rule
+(``redis_cluster.cluster_key``), as a debatebus worker on ``?cluster=true`` names them: the
+``StreamSub`` given by event type (``debate:request``) reads ``{debate:request}``, results go to
+``event:{debate:request}:completed`` and dead letters to ``{debate:request}:dlq``. Pub/sub
+channels keep their names.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
+import faststream.redis
 from faststream import AckPolicy, Context
 from faststream.message import StreamMessage
 from faststream.redis import BinaryMessageFormatV1, RedisBroker, StreamSub
@@ -24,6 +32,7 @@ from debatebus.handlers.contract import Handle
 from debatebus.integrations.faststream.host import Host, raw_body
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
+from debatebus.transports.redis_cluster import stream_key_rule
 from debatebus.transports.redis_entries import ENVELOPE, KEY
 
 __all__ = ["FASTSTREAM_FIELD", "JSONMessageFormat", "mount_redis"]
@@ -31,6 +40,8 @@ __all__ = ["FASTSTREAM_FIELD", "JSONMessageFormat", "mount_redis"]
 #: The Streams entry field FastStream reads and writes.
 FASTSTREAM_FIELD: Final = "__data__"
 _FASTSTREAM_FIELD_BYTES: Final = FASTSTREAM_FIELD.encode()
+#: FastStream's cluster broker (a ``RedisBroker``); None in a FastStream release without one.
+_CLUSTER_BROKER: type[RedisBroker] | None = getattr(faststream.redis, "RedisClusterBroker", None)
 
 Parser = Callable[[Mapping[str, Any]], Awaitable[StreamMessage[Any]]]
 
@@ -60,6 +71,8 @@ class _RedisWire:
     #: Publishes a result on its topic through FastStream; None: written with XADD instead.
     publish: Callable[[Outgoing], Awaitable[Any]] | None
     stream_field: bytes
+    #: A topic's stream key: ``cluster_key`` on a ``RedisClusterBroker``, the topic otherwise.
+    key: Callable[[str], str]
 
     async def answer(self, message: Outgoing) -> None:
         if self.publish is not None:
@@ -69,25 +82,26 @@ class _RedisWire:
         if message.key is not None:
             fields[KEY] = message.key.encode()
         client = await self.broker.connect()
-        await client.xadd(message.topic, fields)
+        await client.xadd(self.key(message.topic), fields)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
         client = await self.broker.connect()
         fields: dict[FieldT, EncodableT] = {
             ENVELOPE: delivery.body, b"reason": reason, b"origin": delivery.topic,
             b"originId": delivery.id, b"deliveries": delivery.deliveries}
-        await client.xadd(dlq_topic(delivery.topic), fields)
+        await client.xadd(self.key(dlq_topic(delivery.topic)), fields)
 
 
 def mount_redis(broker: RedisBroker, source: str | StreamSub[Any], handle: Handle,
                 stream_field: str, options: Mapping[str, Any]) -> None:
-    """Serve ``handle`` on ``source`` (a channel, or a ``StreamSub``); ``options`` go to
-    ``broker.subscriber``."""
-    channel, stream = (source, None) if isinstance(source, str) else (None, source)
+    """Serve ``handle`` on ``source`` (a channel, or a ``StreamSub`` named by event type);
+    ``options`` go to ``broker.subscriber``."""
+    key = stream_key_rule(_CLUSTER_BROKER is not None and isinstance(broker, _CLUSTER_BROKER))
+    channel, stream = (source, None) if isinstance(source, str) else (None, _keyed(source, key))
     event_type = source if isinstance(source, str) else source.name
     is_stream = stream is not None
     field = stream_field.encode()
-    publishers = {topic: (broker.publisher(stream=topic, message_format=JSONMessageFormat)
+    publishers = {topic: (broker.publisher(stream=key(topic), message_format=JSONMessageFormat)
                           if is_stream else
                           broker.publisher(topic, message_format=JSONMessageFormat))
                   for topic in (completed_topic(event_type), failed_topic(event_type))}
@@ -96,7 +110,7 @@ def mount_redis(broker: RedisBroker, source: str | StreamSub[Any], handle: Handl
         await publishers[message.topic].publish(message.body)
 
     through_faststream = not is_stream or field == _FASTSTREAM_FIELD_BYTES
-    host = Host(handle, _RedisWire(broker, publish if through_faststream else None, field))
+    host = Host(handle, _RedisWire(broker, publish if through_faststream else None, field, key))
 
     async def on_request(message: Annotated[StreamMessage[Any], Context("message")]) -> None:
         await host.serve(Delivery(event_type, message.body, _entry_id(message.raw_message)))
@@ -113,6 +127,15 @@ def mount_redis(broker: RedisBroker, source: str | StreamSub[Any], handle: Handl
         **options,
     )
     subscriber(on_request)
+
+
+def _keyed(source: StreamSub[Any], key: Callable[[str], str]) -> StreamSub[Any]:
+    """``source`` reading the stream key of its event type (a copy, when that is another name)."""
+    if key(source.name) == source.name:
+        return source
+    keyed = copy.copy(source)
+    keyed.name = key(source.name)
+    return keyed
 
 
 def _entry_id(raw: Mapping[str, Any]) -> str:

@@ -1,0 +1,278 @@
+"""The consumer side of the Redis Streams transport: its *seats* in consumer groups, the reads
+(``XREADGROUP``, ``XAUTOCLAIM``) and the keep-alive of what it holds. The wire format and the
+rules are ``redis_streams``' (its module docstring); ``RedisStreamsTransport`` is the public face.
+
+``StreamsLink`` is what the transport and its consumer side share: the client once connected,
+where it points, the timeouts and the topic → stream key rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from debatebus.exceptions import ConfigError, TransportError
+from debatebus.transports.base import Delivery
+from debatebus.transports.redis_cluster import SlotReads, by_slot
+from debatebus.transports.redis_common import ReadTracker, RedisClient, log, redis_call
+from debatebus.transports.redis_entries import entry_to_delivery, stream_entries
+
+__all__ = ["NOT_CONNECTED", "ConsumerGroups", "Seat", "StreamsLink", "seat_of"]
+
+NOT_CONNECTED = "the Redis transport is not connected: call connect() or use async with"
+
+
+@dataclass(slots=True, eq=False)
+class StreamsLink:
+    """The Streams transport's connection state, shared by its parts."""
+
+    where: str  # host:port, for messages (never the URL: it may hold a password)
+    timeout: float  # bounds every call; blocking reads get their block on top
+    block_ms: int
+    cluster: bool
+    #: A topic's stream key (one rule for every command: ``redis_cluster.cluster_key``).
+    key: Callable[[str], str]
+    client: RedisClient | None = None
+    closed: bool = False
+    reads: ReadTracker = field(default_factory=ReadTracker)
+
+    def redis(self) -> RedisClient:
+        if self.client is None or self.closed:
+            raise TransportError(NOT_CONNECTED)
+        return self.client
+
+    def call(self, blocking_ms: int = 0) -> contextlib.AbstractAsyncContextManager[None]:
+        return redis_call(self.where, self.timeout + blocking_ms / 1000)
+
+
+@dataclass(slots=True, eq=False)
+class Seat:
+    """This consumer's seat in one stream's group: the entries it holds unsettled, kept alive
+    (a *claim* on them, in Redis's words; not a debate's lease, which the checkpoint store keeps)."""
+
+    topic: str
+    key: str  # the stream: the topic itself, or its cluster key
+    group: str
+    consumer: str
+    inflight: set[str] = field(default_factory=set)
+    #: A requeued entry is waiting in the pending list: reclaim without waiting for the timer.
+    claim_due: bool = False
+
+
+def seat_of(delivery: Delivery) -> Seat:
+    """The seat ``delivery`` was read through; a ``ConfigError`` if it came from no group."""
+    if not isinstance(delivery.token, Seat):
+        raise ConfigError("ack and reject take deliveries from consume(), not from subscribe() "
+                          "or read_range()")
+    return delivery.token
+
+
+def _key_of(seat: Seat) -> str:
+    return seat.key
+
+
+class ConsumerGroups:
+    """Consuming through consumer groups: seats outlive ``consume`` calls (consuming again after
+    an error carries on with what is held), and ``start``/``stop`` run the keep-alive."""
+
+    def __init__(self, link: StreamsLink, *, claim_idle_ms: int) -> None:
+        self._link = link
+        self._claim_idle_ms = claim_idle_ms
+        self._seats: dict[tuple[str, str, str], Seat] = {}
+        self._keepalive: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._keepalive = asyncio.create_task(self._keep_claims(), name="debatebus-redis-keepalive")
+
+    async def stop(self) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+            self._keepalive = None
+
+    def release(self, delivery: Delivery) -> None:
+        if isinstance(delivery.token, Seat):
+            delivery.token.inflight.discard(delivery.id)
+
+    async def requeue(self, delivery: Delivery) -> None:
+        seat = seat_of(delivery)
+        seat.inflight.discard(delivery.id)
+        # Back-dating the entry's idle time makes the next XAUTOCLAIM (ours, or any live
+        # consumer's) take it, which also counts the delivery; JUSTID leaves the count alone here.
+        # Should this fail, the entry is still released: it is claimed after claim_idle_ms.
+        async with self._link.call():
+            await self._link.redis().xclaim(seat.key, seat.group, seat.consumer, 0, [delivery.id],
+                                            idle=self._claim_idle_ms, justid=True)
+        seat.claim_due = True
+
+    def _seat(self, topic: str, group: str, consumer: str) -> Seat:
+        key = (topic, group, consumer)
+        seat = self._seats.get(key)
+        if seat is None:
+            seat = self._seats[key] = Seat(topic, self._link.key(topic), group, consumer)
+        return seat
+
+    async def _ensure_groups(self, seats: Iterable[Seat]) -> None:
+        for seat in seats:
+            try:
+                async with self._link.call():
+                    await self._link.redis().xgroup_create(seat.key, seat.group, id="0",
+                                                           mkstream=True)
+            except TransportError as e:
+                if "BUSYGROUP" not in str(e.__cause__):
+                    raise
+
+    async def consume(self, topics: Sequence[str], *, group: str, consumer: str,
+                      prefetch: int) -> AsyncGenerator[Delivery, None]:
+        seats = [self._seat(topic, group, consumer) for topic in topics]
+        await self._ensure_groups(seats)
+        slots = by_slot(seats, _key_of) if self._link.cluster else [seats]
+        # Several slots: a blocking read per slot, kept running across rounds until it answers.
+        several = (SlotReads([functools.partial(self._read_new, part, prefetch) for part in slots])
+                   if len(slots) > 1 else None)
+        batch: list[Delivery] = []
+        next_claim = 0.0
+        try:
+            while not self._link.closed:
+                try:
+                    if next_claim <= time.monotonic() or any(seat.claim_due for seat in seats):
+                        next_claim = time.monotonic() + self._claim_idle_ms / 2000
+                        batch = await self._reclaim(seats, prefetch)
+                    if not batch:
+                        batch = await (several.next() if several is not None
+                                       else self._read_new(seats, prefetch))
+                except TransportError as e:
+                    if not any(code in str(e.__cause__) for code in ("NOGROUP", "UNBLOCKED")):
+                        raise
+                    # The stream or group is gone (deleted, moved to another cluster master
+                    # under a blocked read, or Redis restarted without its data): make them
+                    # again where they are now and carry on.
+                    await self._ensure_groups(seats)
+                    continue
+                batch.reverse()
+                while batch:
+                    yield batch.pop()
+        except TransportError:
+            if not self._link.closed:  # close() pulls the connection from under a blocked read
+                raise
+        finally:
+            if several is not None:  # reads still running are cancelled: what they read stays
+                batch += several.stop()  # pending, as does what finished reads got
+            # Read but never handed out: left pending, reclaimed after claim_idle_ms.
+            for delivery in batch:
+                delivery.token.inflight.discard(delivery.id)
+
+    async def _read_new(self, seats: list[Seat], prefetch: int) -> list[Delivery]:
+        streams = {seat.key: ">" for seat in seats}
+        seat = seats[0]
+        with self._link.reads.reading():
+            async with self._link.call(self._link.block_ms):
+                reply = await self._link.redis().xreadgroup(
+                    seat.group, seat.consumer, streams,  # type: ignore[arg-type]
+                    count=prefetch, block=self._link.block_ms)
+        return self._deliveries(seats, reply)
+
+    def _deliveries(self, seats: list[Seat], reply: Any) -> list[Delivery]:
+        by_name = {seat.key.encode(): seat for seat in seats} if len(seats) > 1 else None
+        out: list[Delivery] = []
+        for name, entries in stream_entries(reply):
+            seat = by_name[name] if by_name is not None else seats[0]
+            inflight, topic = seat.inflight, seat.topic
+            for entry_id, fields in entries:
+                if fields is None:  # trimmed away while pending
+                    continue
+                delivery = entry_to_delivery(topic, entry_id, fields, 1, seat)
+                inflight.add(delivery.id)
+                out.append(delivery)
+        return out
+
+    async def _reclaim(self, seats: list[Seat], prefetch: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        for seat in seats:
+            seat.claim_due = False
+            claimed = await self._autoclaim(seat, prefetch - len(out))
+            if claimed:
+                counts = await self._delivery_counts(seat, [ident for ident, _ in claimed])
+                out += (entry_to_delivery(seat.topic, ident, fields, counts.get(ident, 2), seat)
+                        for ident, fields in claimed)
+            if len(out) >= prefetch:
+                break
+        # Held only once the whole batch is in hand: a failure half-way leaves nothing held that
+        # is never handed out (what was claimed is claimed again after claim_idle_ms).
+        for delivery in out:
+            delivery.token.inflight.add(delivery.id)
+        return out
+
+    async def _autoclaim(self, seat: Seat, limit: int) -> list[tuple[str, Any]]:
+        """Entries idle past ``claim_idle_ms`` in any consumer's pending list, now ours."""
+        claimed: list[tuple[str, Any]] = []
+        cursor: Any = "0-0"
+        while len(claimed) < limit:
+            async with self._link.call():
+                reply: Any = await self._link.redis().xautoclaim(
+                    seat.key, seat.group, seat.consumer, self._claim_idle_ms,
+                    start_id=cursor, count=limit - len(claimed))
+            cursor = reply[0]
+            for entry_id, fields in reply[1]:
+                if entry_id is None or fields is None:  # deleted entries (Redis 6.2 shape)
+                    continue
+                ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                # Ours and still being worked on (the loop stalled past a keepalive): skip it.
+                if ident not in seat.inflight:
+                    claimed.append((ident, fields))
+            if cursor in (b"0-0", "0-0"):
+                break
+        return claimed
+
+    async def _delivery_counts(self, seat: Seat, ids: list[str]) -> dict[str, int]:
+        """XAUTOCLAIM does not report delivery counts; XPENDING does, one id at a time."""
+        pipe = self._link.redis().pipeline(transaction=False)
+        for ident in ids:
+            pipe.xpending_range(seat.key, seat.group, ident, ident, 1, seat.consumer)
+        async with self._link.call():
+            replies: list[Any] = await pipe.execute()
+        counts: dict[str, int] = {}
+        for ident, reply in zip(ids, replies, strict=True):
+            if reply:
+                counts[ident] = int(reply[0]["times_delivered"])
+        return counts
+
+    async def _refresh(self, held: Mapping[Seat, Iterable[str]]) -> None:
+        # XCLAIM … JUSTID resets the idle time without counting a delivery.
+        pipe = self._link.redis().pipeline(transaction=False)
+        for seat, ids in held.items():
+            pipe.xclaim(seat.key, seat.group, seat.consumer, 0, list(ids), justid=True)
+        await pipe.execute(raise_on_error=False)
+
+    async def _keep_claims(self) -> None:
+        """Keep everything this process holds — handed out or still buffered — from looking
+        abandoned, so no live consumer's work is taken over however long a debate runs. Lives
+        through outages: one warning when refreshing starts failing, one INFO when it works again."""
+        failing = False
+        while True:
+            await asyncio.sleep(self._claim_idle_ms / 3000)
+            if self._link.closed:  # close() cancels us once the reads are done
+                return
+            held = {seat: seat.inflight for seat in self._seats.values() if seat.inflight}
+            if not held:
+                continue
+            try:
+                async with self._link.call():
+                    await self._refresh(held)
+            except Exception as e:  # whatever it is, the next round may get through
+                if not failing:
+                    log.warning("cannot keep held entries alive: they may be reclaimed by another "
+                                "consumer if this lasts over claim_idle_ms; retrying every %.1f s: "
+                                "%s", self._claim_idle_ms / 3000, e)
+                failing = True
+                continue
+            if failing:
+                log.info("Redis at %s answers again: held entries are kept alive again",
+                         self._link.where)
+            failing = False

@@ -1,0 +1,71 @@
+"""One real 3-master Redis Cluster for the whole session (tests/support/cluster.py), and the
+transport and checkpoint-store fixtures the shared contract suites take, pointed at it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from tests.checkpoints.conftest import Backend
+from tests.support.cluster import RedisClusterServers
+from tests.transports.conftest import Kind
+
+from debatebus.checkpoints import CheckpointStore, RedisCheckpointStore
+from debatebus.transports.base import Transport
+from debatebus.transports.redis_pubsub import RedisPubSubTransport
+from debatebus.transports.redis_streams import RedisStreamsTransport
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    servers = RedisClusterServers.start()
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture(params=["redis_streams", "redis_pubsub"])
+def kind(request: pytest.FixtureRequest, redis_cluster: RedisClusterServers) -> Kind:
+    url = redis_cluster.url
+    if request.param == "redis_pubsub":
+        return Kind("redis_pubsub", lambda: RedisPubSubTransport(url), durable=False,
+                    groups=False, metadata=False)
+    return Kind("redis_streams", lambda: RedisStreamsTransport(url, claim_idle_ms=500, block_ms=100),
+                redelivery_wait=0.5)
+
+
+@pytest.fixture
+def topic() -> str:
+    """A fresh event type per test: its family lands on some master of the three."""
+    return f"test:{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def transport(kind: Kind) -> AsyncIterator[Transport]:
+    async with kind.make() as t:
+        yield t
+
+
+@pytest.fixture
+def backend(redis_cluster: RedisClusterServers, tmp_path: Path) -> Backend:
+    url, prefix = redis_cluster.url, f"test-{uuid.uuid4().hex[:12]}"
+    return Backend("redis", lambda: RedisCheckpointStore(url, prefix=prefix), durable=True,
+                   retained=lambda s: RedisCheckpointStore(url, prefix=prefix, retention_s=s))
+
+
+@pytest.fixture
+async def store(backend: Backend) -> AsyncIterator[CheckpointStore]:
+    async with backend.make() as s:
+        yield s
+
+
+@pytest.fixture
+async def peer(backend: Backend, store: CheckpointStore) -> AsyncIterator[CheckpointStore]:
+    """A second worker's store on the same data."""
+    async with backend.make() as other:
+        yield other

@@ -1,0 +1,241 @@
+"""Redis Cluster specifics on a real 3-master cluster: the key layout, reads across slots, the
+Synkro dialect's single-key claim, the rate limiter, an unreachable cluster, and a slot migrating
+under a flow."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from redis.crc import key_slot
+from tests.llm.test_ratelimit import granted_now
+from tests.support.cluster import RedisClusterServers
+from tests.support.servers import free_port
+from tests.transports.conftest import Kind
+from tests.transports.test_contract import Reader
+
+from debatebus.exceptions import ConfigError, TransportError
+from debatebus.llm.ratelimit import RateLimit
+from debatebus.llm.ratelimit_redis import RedisRateLimiter
+from debatebus.schemas.envelope import completed_topic
+from debatebus.transports import transport_from_url
+from debatebus.transports.base import Delivery, Outgoing, dlq_topic
+from debatebus.transports.redis_cluster import cluster_key
+from debatebus.transports.redis_common import describe, split_cluster
+from debatebus.transports.redis_pubsub import RedisPubSubTransport
+from debatebus.transports.redis_streams import RedisStreamsTransport
+from debatebus.transports.synkro import dedupe_key, lock_key
+
+pytestmark = pytest.mark.redis
+
+
+def _topics_on_different_masters(cluster: RedisClusterServers) -> tuple[str, str]:
+    first = f"test:{uuid.uuid4().hex[:8]}"
+    while True:
+        second = f"test:{uuid.uuid4().hex[:8]}"
+        if cluster.owner(cluster_key(second)) != cluster.owner(cluster_key(first)):
+            return first, second
+
+
+async def _settle_all(transport: RedisStreamsTransport, reader: Reader, count: int,
+                      timeout: float = 20.0) -> list[Delivery]:
+    got = []
+    for _ in range(count):
+        delivery = await reader.next(timeout)
+        await transport.ack(delivery, [Outgoing(completed_topic(delivery.topic), delivery.body)])
+        got.append(delivery)
+    return got
+
+
+async def test_a_family_lives_in_one_slot_and_round_trips(redis_cluster: RedisClusterServers) -> None:
+    topic = f"debate:{uuid.uuid4().hex[:8]}"
+    async with RedisStreamsTransport(redis_cluster.url, claim_idle_ms=500, block_ms=100) as t:
+        results = Reader(await t.subscribe([completed_topic(topic)]))
+        consumer = Reader(t.consume([topic], group="g", consumer="c1"))
+        await t.publish(Outgoing(topic, b'{"requestId":"r1"}'))
+        await t.publish(Outgoing(topic, b'{"requestId":"r2"}'))
+        first = await consumer.next()
+        await t.ack(first, [Outgoing(completed_topic(topic), b'{"done":1}')])
+        second = await consumer.next()
+        await t.reject(second, "bad")
+        answer = await results.next()
+        consumer.stop()
+        results.stop()
+    assert (first.topic, answer.topic, answer.body) == (topic, completed_topic(topic), b'{"done":1}')
+    keys = {topic: f"{{{topic}}}", completed_topic(topic): f"event:{{{topic}}}:completed",
+            dlq_topic(topic): f"{{{topic}}}:dlq"}
+    sync = redis_cluster.client()
+    assert {name: sync.exists(key) for name, key in keys.items()} == dict.fromkeys(keys, 1)
+    assert len({key_slot(key.encode()) for key in keys.values()}) == 1
+    assert not sync.exists(topic), "the bare topic name is single-node Redis's key, not a cluster's"
+    [(_, fields)] = sync.xrange(keys[dlq_topic(topic)])
+    assert fields[b"reason"] == b"bad" and fields[b"origin"] == topic.encode()
+
+
+async def test_consume_and_subscribe_across_masters(redis_cluster: RedisClusterServers) -> None:
+    a, b = _topics_on_different_masters(redis_cluster)
+    async with RedisStreamsTransport(redis_cluster.url, claim_idle_ms=500, block_ms=100) as t:
+        follower = Reader(await t.subscribe([completed_topic(a), completed_topic(b)]))
+        consumer = Reader(t.consume([a, b], group="g", consumer="c1"))
+        for n in range(3):
+            await t.publish(Outgoing(a, b"a%d" % n))
+            await t.publish(Outgoing(b, b"b%d" % n))
+        got = await _settle_all(t, consumer, 6)
+        followed = [await follower.next() for _ in range(6)]
+        consumer.stop()
+        follower.stop()
+    assert sorted(d.body for d in got) == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
+    assert {d.topic for d in followed} == {completed_topic(a), completed_topic(b)}
+
+
+async def test_what_a_slot_read_got_after_consume_ended_is_let_go(
+        redis_cluster: RedisClusterServers) -> None:
+    """A per-slot read still running when the consumer stops taking deliveries reads an entry;
+    once that consume ends, the entry is not held (kept alive) forever: it is reclaimed."""
+    a, b = _topics_on_different_masters(redis_cluster)
+    sync = redis_cluster.client()
+    async with RedisStreamsTransport(redis_cluster.url, claim_idle_ms=300, block_ms=2000) as t:
+        await t.publish(Outgoing(a, b"a"))
+        stream = t.consume([a, b], group="g", consumer="c1")
+        first = await asyncio.wait_for(anext(stream), 10)  # a's read answered, b's still blocks
+        await t.publish(Outgoing(b, b"b"))
+        async with asyncio.timeout(10):  # b's read takes it while nobody iterates the stream
+            while sync.xpending(cluster_key(b), "g")["pending"] == 0:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.3)  # and its reply is in
+        await stream.aclose()
+        await t.ack(first)
+        again = t.consume([a, b], group="g", consumer="c1")
+        got = await asyncio.wait_for(anext(again), 10)
+        await t.ack(got)
+        await again.aclose()
+    assert (first.body, got.body, got.deliveries) == (b"a", b"b", 2)
+
+
+async def test_a_result_outside_the_family_is_refused_not_retried(
+        redis_cluster: RedisClusterServers) -> None:
+    a, b = _topics_on_different_masters(redis_cluster)
+    async with RedisStreamsTransport(redis_cluster.url, claim_idle_ms=500, block_ms=100) as t:
+        consumer = Reader(t.consume([a], group="g", consumer="c1"))
+        await t.publish(Outgoing(a, b"x"))
+        delivery = await consumer.next()
+        with pytest.raises(ConfigError, match="one family") as refused:
+            await t.ack(delivery, [Outgoing(completed_topic(b), b"elsewhere")])
+        await t.ack(delivery, [Outgoing(completed_topic(a), b"here")])  # still held: settles
+        consumer.stop()
+    assert cluster_key(completed_topic(b)) in str(refused.value)
+    sync = redis_cluster.client()
+    assert not sync.exists(cluster_key(completed_topic(b)))
+    assert [f[b"envelope"] for _, f in sync.xrange(cluster_key(completed_topic(a)))] == [b"here"]
+
+
+async def test_synkro_claim_is_exclusive_and_dedupes_on_a_cluster(
+        redis_cluster: RedisClusterServers) -> None:
+    topic = f"debate:{uuid.uuid4().hex[:8]}"
+    url = redis_cluster.url.replace("redis://", "redis+pubsub://")
+    async with transport_from_url(url) as one, transport_from_url(url) as two:
+        assert isinstance(one, RedisPubSubTransport) and isinstance(two, RedisPubSubTransport)
+        listener = Reader(await one.subscribe([completed_topic(topic)]))
+        await listener.started(Kind("redis_pubsub", lambda: one), one, completed_topic(topic))
+        await listener.drain_probes()
+        delivery = Delivery(topic, b'{"requestId":"r-1","payload":{}}', "", 1, None, {}, None)
+        claims = await asyncio.gather(one.dialect.claim(delivery, "r-1"),
+                                      two.dialect.claim(delivery, "r-1"))
+        assert sorted(claims) == [False, True]
+        winner = one if claims[0] else two
+        await winner.ack(delivery, [Outgoing(completed_topic(topic), b'{"requestId":"r-1"}')])
+        assert (await listener.next()).body == b'{"requestId":"r-1"}'
+        again = await asyncio.gather(one.dialect.claim(delivery, "r-1"),
+                                     two.dialect.claim(delivery, "r-1"))
+        listener.stop()
+    sync = redis_cluster.client()
+    assert again == [False, False], "answered already: the dedupe key says so"
+    assert sync.get(dedupe_key("r-1", topic)) == b"1"
+    assert not sync.exists(lock_key("r-1", topic)), "the lock is let go once settled"
+    assert sync.get(f"synkro:metrics:{topic}:received") == b"1"
+
+
+async def test_an_unreachable_cluster_raises_transport_error() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0?cluster=true"
+    with pytest.raises(TransportError, match="cluster"):
+        async with RedisStreamsTransport(url, connect_timeout=1.0) as t:
+            await t.publish(Outgoing("x:y", b"z"))
+
+
+async def test_a_slot_migrating_under_a_flow_loses_and_repeats_nothing(
+        redis_cluster: RedisClusterServers) -> None:
+    """Requests published and settled (with a result each) while their family's slot moves
+    to another master: MOVED/ASK are followed, every request is answered exactly once."""
+    topic = f"debate:{uuid.uuid4().hex[:8]}"
+    key = cluster_key(topic)
+    slot, source = key_slot(key.encode()), redis_cluster.owner(key)
+    target = next(port for port in redis_cluster.ports if port != source)
+    total = 300
+    async with RedisStreamsTransport(redis_cluster.url, claim_idle_ms=1000, block_ms=100) as t:
+        consumer = Reader(t.consume([topic], group="g", consumer="c1"))
+        await t.publish(Outgoing(topic, b"warm-up"))
+        settled = await _settle_all(t, consumer, 1)
+
+        async def produce() -> None:
+            for n in range(total):
+                await t.publish(Outgoing(topic, b"%d" % n))
+                await asyncio.sleep(0.002)
+
+        producing = asyncio.create_task(produce())
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(redis_cluster.migrate_slot, slot, source, target)
+        settled += await _settle_all(t, consumer, total)
+        await producing
+        consumer.stop()
+    assert redis_cluster.owner(key) == target
+    sync = redis_cluster.client()
+    answers = [fields[b"envelope"] for _, fields in sync.xrange(cluster_key(completed_topic(topic)))]
+    assert sorted(answers) == sorted([b"warm-up", *(b"%d" % n for n in range(total))])
+    assert sync.xpending(key, "g")["pending"] == 0
+
+
+async def test_rate_limiters_share_one_bucket_on_a_cluster(
+        redis_cluster: RedisClusterServers) -> None:
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    limit = RateLimit(requests_per_minute=3, max_concurrent=2, period_s=60.0)
+    one, two = (RedisRateLimiter(redis_cluster.url, name, limit) for _ in range(2))
+    try:
+        held = [await one.acquire(), await two.acquire()]
+        assert not await granted_now(two)  # both slots held, one per client
+        await one.release(held[0])
+        assert await granted_now(two)  # the minute's 3rd request
+        await two.release(held[1])
+        assert not await granted_now(one)  # slots free, the minute's requests gone
+    finally:
+        await one.close()
+        await two.close()
+    assert redis_cluster.client().exists(*one.keys) == 2
+
+
+@pytest.mark.parametrize(("topic", "key"), [
+    ("debate:request", "{debate:request}"),
+    ("event:debate:request:completed", "event:{debate:request}:completed"),
+    ("event:debate:request:failed", "event:{debate:request}:failed"),
+    ("debate:request:dlq", "{debate:request}:dlq"),
+    ("event:debate:request:completed:dlq", "event:{debate:request}:completed:dlq"),
+    ("event:event:debate:request:completed:completed",
+     "event:event:{debate:request}:completed:completed"),
+    ("event:workflow:flow:debate:request:completed", "event:{workflow:flow:debate:request}:completed"),
+    ("orders:{eu}:new", "orders:{eu}:new"),
+    ("event:orders:{eu}:new:completed", "event:orders:{eu}:new:completed"),
+    ("odd{}name", "{odd{}name}"),  # an empty {} is no tag to Redis
+])
+def test_the_cluster_key_rule(topic: str, key: str) -> None:
+    assert cluster_key(topic) == key
+
+
+def test_the_cluster_url_parameter() -> None:
+    assert split_cluster("redis://:secret@h:7000/0?cluster=true&protocol=3") == (
+        "redis://:secret@h:7000/0?protocol=3", True)
+    assert split_cluster("redis://h:7000/0?cluster=false") == ("redis://h:7000/0", False)
+    assert split_cluster("redis://h:7000/0") == ("redis://h:7000/0", False)
+    with pytest.raises(ConfigError, match="cluster= takes true or false") as refused:
+        split_cluster("redis://:secret@h:7000/0?cluster=maybe")
+    assert "secret" not in str(refused.value)
+    assert describe("rediss://:secret@h:7000/0?cluster=true") == "h:7000 (cluster)"

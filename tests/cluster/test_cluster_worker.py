@@ -1,0 +1,54 @@
+"""A worker process SIGKILLed mid-debate on the Redis Cluster, and another resuming its debates
+from the checkpoint store on the same cluster (``store_from_url`` of the ``?cluster=true`` URL,
+with a short lease so the takeover is quick)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from tests.bus.processes import WorkerProcess, committed_round_reruns, read_calls, wait_until
+from tests.bus.test_processes import collecting, env_for
+from tests.support.cluster import RedisClusterServers
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis]
+
+DEBATES = 4
+ROUNDS = 3
+
+
+async def test_a_killed_workers_debates_resume_on_another_worker(
+        redis_cluster: RedisClusterServers, tmp_path: Path) -> None:
+    url = redis_cluster.url
+    event_type = f"debate:cluster{uuid.uuid4().hex[:6]}"
+    calls = tmp_path / "calls.log"
+    env = env_for(url, event_type, tmp_path, DBB_DELAY="0.2", DBB_ROUNDS=ROUNDS, DBB_STORE=url,
+                  DBB_LEASE_TTL="1.5", DBB_CLAIM_IDLE_MS="1500")
+    workers = [WorkerProcess(env, tmp_path / "first.log")]
+    try:
+        async with collecting(url, event_type) as (client, collector):
+            ids = [await client.publish(event_type, {"input": f"cluster {i}"},
+                                        request_id=f"{event_type}-{i}") for i in range(DEBATES)]
+            # Past the first round of some debate (framing + 2 turns + judge): a committed round.
+            await asyncio.to_thread(wait_until, lambda: len(read_calls(calls)) >= 8, 60,
+                                    "the first worker to be mid-debate")
+            workers[0].kill()
+            killed = workers[0].pid
+            workers.append(WorkerProcess(env, tmp_path / "second.log"))
+            await collector.wait_for(ids, 120)
+            await asyncio.sleep(2.0)  # a duplicate result would show up by now
+    finally:
+        for worker in workers:
+            worker.stop()
+    counts = collector.counts()
+    assert all(counts[i] == 1 for i in ids), f"results per request: {counts}"
+    assert all(e.payload["debateStatus"] == "completed" for e in collector.results)
+    made = read_calls(calls)
+    by_question: dict[str, set[int]] = {}
+    for call in made:
+        by_question.setdefault(str(call["question"]), set()).add(int(str(call["pid"])))
+    resumed = [q for q, pids in by_question.items() if pids == {killed, workers[1].pid}]
+    assert resumed, f"no debate was begun by the killed worker and finished by the other: {by_question}"
+    assert committed_round_reruns(calls) == {}, "a resumed debate ran a committed round again"
