@@ -47,7 +47,7 @@ from debatebus.transports.base import (
 )
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from debatebus.transports.redis_common import RedisClient
 
 __all__ = [
     "HEARTBEAT_TOPIC",
@@ -169,7 +169,9 @@ async def latest_heartbeat(url: str, group: str) -> Beat | None:
     if scheme in _REDIS_SCHEMES:
         return await _redis_latest(url.replace("+pubsub", "", 1), group)
     if scheme == "kafka":
-        return await _kafka_latest(url.split("://", 1)[1].split("/", 1)[0], group)
+        from debatebus.transports.kafka.settings import url_options
+
+        return await _kafka_latest(url_options(url)[0], group)
     if scheme == "memory":
         raise ConfigError("memory:// lives inside one process: no other process can see its "
                           "heartbeats; check a worker on Redis or Kafka")
@@ -188,7 +190,7 @@ async def _redis_latest(url: str, group: str) -> Beat | None:
         await client.aclose()
 
 
-async def _scan_stream(client: Redis, group: str) -> Beat | None:
+async def _scan_stream(client: RedisClient, group: str) -> Beat | None:
     """Newest first, page by page: other groups' beats may sit on top of this group's."""
     end = "+"
     live = _Live(group)

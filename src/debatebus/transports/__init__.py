@@ -56,7 +56,8 @@ def broker_url(value: str | None = None) -> str:
 
 def transport_from_url(url: str, **options: Any) -> Transport:
     """``redis://`` and ``rediss://`` → Redis Streams; ``redis+pubsub://`` → Synkro-compatible
-    pub/sub; ``kafka://host:port[,host:port]`` → Kafka; ``memory://`` → in-process."""
+    pub/sub; ``kafka://host:port[,host:port][?partitions=N]`` → Kafka; ``memory://`` →
+    in-process."""
     scheme = _scheme(url)
     if scheme == "memory":
         return MemoryTransport(options.pop("broker", None))
@@ -70,8 +71,9 @@ def transport_from_url(url: str, **options: Any) -> Transport:
         return RedisPubSubTransport(url.replace("+pubsub", "", 1), **options)
     if scheme == "kafka":
         from debatebus.transports.kafka import KafkaTransport
+        from debatebus.transports.kafka.settings import url_options
 
-        hosts = url.split("://", 1)[1].split("/", 1)[0]
-        return KafkaTransport([h for h in hosts.split(",") if h], **options)
+        servers, from_url = url_options(url)
+        return KafkaTransport(servers, **{**from_url, **options})
     raise ConfigError(
         f"unsupported broker URL {redact(url)!r}: use one of {', '.join(SCHEMES)}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, Final
 
 from aiokafka import ConsumerStoppedError, IllegalOperation
@@ -76,7 +76,7 @@ def kafka_errors(action: str, servers: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def producing(topics: str, servers: str, *, size: int, limit: int) -> Iterator[None]:
+def producing(topics: Iterable[str], servers: str, *, size: int, limit: int) -> Iterator[None]:
     """``kafka_errors`` for producing records of up to ``size`` bytes: a refusal as too large
     (aiokafka's own check against max_request_size, or the broker's MESSAGE_TOO_LARGE /
     RECORD_LIST_TOO_LARGE) becomes ``MessageTooLargeError``."""
@@ -85,16 +85,17 @@ def producing(topics: str, servers: str, *, size: int, limit: int) -> Iterator[N
     except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
         raise too_large(topics, size, limit, by_broker=size <= limit) from exc
     except KAFKA_ERRORS as exc:
-        raise translate(exc, f"producing to {topics}", servers) from exc
+        raise translate(exc, f"producing to {', '.join(sorted(topics))}", servers) from exc
 
 
-def too_large(topics: str, size: int, limit: int, *, by_broker: bool) -> MessageTooLargeError:
+def too_large(topics: Iterable[str], size: int, limit: int, *, by_broker: bool) -> MessageTooLargeError:
     if by_broker:
         why = (f"the broker refused it: its message.max.bytes (or the topic's max.message.bytes)"
                f" is below this producer's max_request_size of {limit} bytes")
     else:
         why = f"the limit is {limit} bytes (the transport's max_request_size)"
-    return MessageTooLargeError(f"Kafka: a {size}-byte record for {topics} is too large: {why}",
+    return MessageTooLargeError(f"Kafka: a {size}-byte record for {', '.join(sorted(topics))} is "
+                                f"too large: {why}",
                                 size=size, limit=limit)
 
 

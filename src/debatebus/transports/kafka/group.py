@@ -52,6 +52,12 @@ Recheck = Callable[[Iterable[str]], Awaitable[None]]
 MarkAt = Callable[[TopicPartition, int], Awaitable[Mark | None]]
 
 
+def _retrieved(future: asyncio.Future[None]) -> None:
+    # Every caller of the shared commit may have been cancelled: nobody else reads its error.
+    if not future.cancelled():
+        future.exception()
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka has no type hints
     def __init__(self, member: Member) -> None:
         self.member = member
@@ -93,7 +99,7 @@ class Member:
         self._watch: asyncio.TimerHandle | None = None
         self._stopping: asyncio.Future[None] | None = None
         self._commit_lock = asyncio.Lock()
-        self._commit_wanted = False
+        self._next_commit: asyncio.Future[None] | None = None  # the commit acks wait for
         # What this member last committed per partition, across assignments: see
         # _rewind_lost_logs.
         self.commits: dict[TopicPartition, tuple[int, Mark | None]] = {}
@@ -282,36 +288,51 @@ class Member:
             self.ready.set()
 
     async def commit(self) -> None:
-        """Commit every partition's settled prefix. Callers that arrive while a commit is in
-        flight share the next one, so 200 concurrent acks cost a couple of requests, not 200."""
-        self._commit_wanted = True
+        """Commit every partition's settled prefix, ``linger_ms`` from the first call: callers
+        meanwhile share that commit, so 200 acks cost a few requests, not 200. Returns once a
+        commit that started after this call landed; raises what it raised."""
+        if self._next_commit is None:
+            self._next_commit = asyncio.ensure_future(self._commit_after(self.settings.linger))
+            self._next_commit.add_done_callback(_retrieved)
+        await asyncio.shield(self._next_commit)
+
+    async def _commit_after(self, delay: float) -> None:
+        if delay > 0:
+            await asyncio.sleep(delay)
         async with self._commit_lock:
-            if not self._commit_wanted:
-                return  # a commit that started after our settle covered it
-            self._commit_wanted = False
-            due = {tp: p for tp, p in self.parts.items()
-                   if p.commit_at is not None and p.commit_at != p.committed}
-            if not due:
-                return
-            offsets = {tp: p.commit_at for tp, p in due.items() if p.commit_at is not None}
-            try:
-                async with asyncio.timeout(self.settings.request_timeout):
-                    await self.consumer.commit(offsets)
-            except (CommitFailedError, IllegalStateError) as exc:
-                # The partition moved to another member meanwhile; it redelivers from the last
-                # commit (what keeps that from running a debate twice: see ``transport``). Not
-                # the caller's failure.
-                logger.warning("group %s: commit of %s skipped: %s", self.group, offsets, exc)
-                return
-            except TimeoutError as exc:
-                raise TransportError(f"Kafka: committing offsets for group {self.group!r} timed "
-                                     f"out; check the broker at {self.settings.servers}") from exc
-            except KAFKA_ERRORS as exc:
-                raise translate(exc, f"committing offsets for group {self.group!r}",
-                                 self.settings.servers) from exc
-            for tp, part in due.items():
-                part.committed = offsets[tp]
-                self.commits[tp] = (offsets[tp], part.commit_mark)
+            # Settles from here on wait for the next commit: this one may miss them.
+            self._next_commit = None
+            await self._commit_now()
+
+    async def _commit_now(self) -> None:
+        due = {tp: p for tp, p in self.parts.items()
+               if p.commit_at is not None and p.commit_at != p.committed}
+        if not due:
+            return
+        offsets = {tp: p.commit_at for tp, p in due.items() if p.commit_at is not None}
+        try:
+            async with asyncio.timeout(self.settings.request_timeout):
+                await self.consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            # The partition moved to another member meanwhile; it redelivers from the last
+            # commit (what keeps that from running a debate twice: see ``transport``). Not
+            # the caller's failure.
+            logger.warning("group %s: commit of %s skipped: %s", self.group, offsets, exc)
+            return
+        except TimeoutError as exc:
+            raise TransportError(f"Kafka: committing offsets for group {self.group!r} timed "
+                                 f"out; check the broker at {self.settings.servers}") from exc
+        except KAFKA_ERRORS as exc:
+            raise translate(exc, f"committing offsets for group {self.group!r}",
+                             self.settings.servers) from exc
+        for tp, part in due.items():
+            part.committed = offsets[tp]
+            self.commits[tp] = (offsets[tp], part.commit_mark)
+
+    async def commit_at_once(self) -> None:
+        """Commit the settled prefixes now (a rebalance, a stop), after any commit in flight."""
+        async with self._commit_lock:
+            await self._commit_now()
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         if not revoked:
@@ -319,7 +340,7 @@ class Member:
         self._purge(revoked)
         await self._await_settled(revoked, self.settings.revoke_grace)
         try:
-            await self.commit()
+            await self.commit_at_once()
         except TransportError as exc:
             logger.warning("%s", exc)
         left = 0
@@ -376,7 +397,7 @@ class Member:
             self._fetcher.cancel()
             await asyncio.gather(self._fetcher, return_exceptions=True)
         try:
-            await self.commit()
+            await self.commit_at_once()
         except TransportError as exc:
             logger.warning("%s; settled deliveries after the last commit will be redelivered", exc)
         self.parts.clear()

@@ -6,12 +6,35 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import parse_qsl
 
 from debatebus.exceptions import ConfigError
 
-__all__ = ["POLL_MS", "KafkaSettings", "parse_servers"]
+__all__ = ["POLL_MS", "URL_OPTIONS", "KafkaSettings", "parse_servers", "url_options"]
 
 POLL_MS: Final = 200  # how long one getmany waits when idle; bounds a fetch loop's reaction time
+
+
+#: What a ``kafka://`` URL's query may set: every client of a bus shares its URL, and so these.
+URL_OPTIONS: Final = ("partitions", "replication_factor")
+
+
+def url_options(url: str) -> tuple[str, dict[str, int]]:
+    """The servers and topic options of ``kafka://h1:p1[,h2:p2][?partitions=N&replication_factor=M]``
+    (the topics a transport creates get these; existing topics keep theirs)."""
+    rest = url.split("://", 1)[1]
+    hosts, _, query = rest.partition("?")
+    options: dict[str, int] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in URL_OPTIONS:
+            raise ConfigError(f"unknown kafka:// URL parameter {name!r}: use "
+                              f"{' or '.join(URL_OPTIONS)}")
+        try:
+            options[name] = int(value)
+        except ValueError:
+            raise ConfigError(f"kafka:// URL parameter {name} must be a whole number, "
+                              f"not {value!r}") from None
+    return parse_servers(hosts.split("/", 1)[0]), options
 
 
 def parse_servers(bootstrap_servers: str | Sequence[str]) -> str:
@@ -38,17 +61,25 @@ class KafkaSettings:
     max_poll_interval_ms: int
     revoke_grace_ms: int
     fetch_max_wait_ms: int
+    linger_ms: int
     max_request_size: int
     client_id: str
 
     def __post_init__(self) -> None:
         if self.partitions < 1 or self.replication_factor < 1:
             raise ConfigError("partitions and replication_factor must be at least 1")
+        if self.linger_ms < 0:
+            raise ConfigError(f"linger_ms must be at least 0, not {self.linger_ms}")
 
     @property
     def revoke_grace(self) -> float:
         """``revoke_grace_ms`` in seconds."""
         return self.revoke_grace_ms / 1000
+
+    @property
+    def linger(self) -> float:
+        """``linger_ms`` in seconds."""
+        return self.linger_ms / 1000
 
     @property
     def fetch_options(self) -> dict[str, Any]:
@@ -57,6 +88,20 @@ class KafkaSettings:
         # arrives (Kafka answers at once), so this bounds delivery latency there. 100 ms costs an
         # idle consumer ten cheap fetches a second on Kafka; lower it for latency on Tansu.
         return {"fetch_max_wait_ms": self.fetch_max_wait_ms}
+
+    @property
+    def producer_options(self) -> dict[str, Any]:
+        """aiokafka producer options."""
+        return {
+            "acks": "all",
+            "enable_idempotence": False,  # Tansu lacks it; for duplicates see ``transport``
+            "max_request_size": self.max_request_size,
+            # A full batch makes send() wait for it to drain, and aiokafka's default 16 KiB holds
+            # a few debate results: let a batch be as large as one record may be.
+            "max_batch_size": self.max_request_size,
+            "linger_ms": self.linger_ms,
+            "request_timeout_ms": int(self.request_timeout * 1000),
+        }
 
     @property
     def group_options(self) -> dict[str, Any]:
