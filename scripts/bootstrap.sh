@@ -47,10 +47,17 @@ case "$what" in
     python -m pip install -q -e ".[dev]"
     bash scripts/install-local-model.sh
     set +e
-    python -m pytest -q
+    # Most of the suite waits on brokers and worker processes, not on the CPU: three pytest-xdist
+    # workers on two cores. The embedded model's tests (marker local_llm) keep both cores busy
+    # (llama.cpp's threads wait on each other, and crawl when anything else runs): they run
+    # afterwards, alone.
+    python -m pytest -q -n 3 --dist worksteal --durations=15 -m "not local_llm"
     status=$?
+    python -m pytest -q --durations=15 -m local_llm
+    model_status=$?
     set -e
     [ $status -eq 0 ] || exit $status
+    [ $model_status -eq 0 ] || exit $model_status
     ruff check src tests benchmarks
     mypy --strict src
     ;;

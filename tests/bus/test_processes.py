@@ -78,6 +78,11 @@ async def collecting(url: str, event_type: str) -> AsyncIterator[tuple[BusClient
                 collector.task.cancel()
 
 
+def serving(worker: WorkerProcess) -> bool:
+    """Whether the worker has logged that it serves (it consumes from then on)."""
+    return " serving " in (worker.log.read_text(errors="replace") if worker.log.exists() else "")
+
+
 def env_for(url: str, event_type: str, tmp_path: Path, **extra: Any) -> dict[str, str]:
     # A fresh group per test: Tansu can strand a group whose leader was the last member to leave.
     env = {"DBB_BROKER": url, "DBB_EVENT_TYPE": event_type, "DBB_GROUP": f"g-{uuid.uuid4().hex[:8]}",
@@ -93,6 +98,10 @@ async def test_two_workers_share_the_group_and_answer_each_request_once(
     async with collecting(durable_url, event_type) as (client, collector):
         for i in range(2):
             workers.append(WorkerProcess(env, tmp_path / f"w{i}.log"))
+        # Both serving before the first request: on a loaded machine one worker can start
+        # seconds after the other, and the first alone would answer all 30.
+        await asyncio.to_thread(wait_until, lambda: all(serving(w) for w in workers), 60,
+                                "both workers to serve")
         ids = [await client.publish(event_type, {"input": f"topic {i}"}, request_id=f"r{i}")
                for i in range(30)]
         await collector.wait_for(ids, 120)
@@ -107,7 +116,9 @@ async def test_killed_worker_request_is_taken_over(
         durable_url: str, workers: list[WorkerProcess], tmp_path: Path) -> None:
     event_type = f"debate:req{uuid.uuid4().hex[:6]}"
     calls = tmp_path / "calls.log"
-    env = env_for(durable_url, event_type, tmp_path, DBB_DELAY="0.5")
+    # A 2 s lease (the live worker renews it), not the default 30 s: the second worker takes
+    # over once the killed worker's lease has lapsed.
+    env = env_for(durable_url, event_type, tmp_path, DBB_DELAY="0.5", DBB_LEASE_TTL="2")
     async with collecting(durable_url, event_type) as (client, collector):
         first = WorkerProcess(env, tmp_path / "first.log")
         workers.append(first)

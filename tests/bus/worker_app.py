@@ -6,10 +6,11 @@ speaker, pid) so tests can count the calls each debate cost across worker proces
 Knobs: ``DBB_BROKER``, ``DBB_EVENT_TYPE`` (required); ``DBB_GROUP``, ``DBB_CONCURRENCY``,
 ``DBB_DRAIN_TIMEOUT``, ``DBB_CLAIM_IDLE_MS``, ``DBB_DELAY`` (seconds per call),
 ``DBB_ROUNDS``, ``DBB_JUDGE``, ``DBB_MAX_DELIVERIES``, ``DBB_PUBLISH_EVENTS=1``; ``DBB_STORE`` (an
-explicit checkpoint store URL, with ``DBB_LEASE_TTL``; without it the handler is the default one
-that ``DebateBus`` makes durable); ``DBB_MODEL`` (a model string for ``resolve_llm`` instead of the
-logged FunctionLLM). An input containing ``HUGE_RESULT`` makes every speaker answer
-``DBB_HUGE_BYTES`` (default 1.2 MB) of text, so the result is too large for the broker.
+explicit checkpoint store URL; without it the handler is the default one that ``DebateBus``
+makes durable); ``DBB_LEASE_TTL`` (seconds; 2 with ``DBB_STORE``, else the handler's default);
+``DBB_MODEL`` (a model string for ``resolve_llm`` instead of the logged FunctionLLM). An input
+containing ``HUGE_RESULT`` makes every speaker answer ``DBB_HUGE_BYTES`` (default 1.2 MB) of
+text, so the result is too large for the broker.
 
 Sub-debates: ``DBB_PROTOCOL`` (e.g. ``cross-pollination``); ``DBB_SUB_DEBATES=<domain>=<event
 type>`` gives the debate that domain on the bus (``DBB_SUB_DEADLINE`` seconds, default 60), and
@@ -129,6 +130,8 @@ def app() -> DebateBus:
         from debatebus.checkpoints import store_from_url
 
         options["store"] = store_from_url(store_url)
-        options["lease_ttl_s"] = float(os.environ.get("DBB_LEASE_TTL", "2"))
+    lease_ttl = os.environ.get("DBB_LEASE_TTL", "2" if store_url else "")
+    if lease_ttl:
+        options["lease_ttl_s"] = float(lease_ttl)
     bus.subscribe(os.environ["DBB_EVENT_TYPE"], build_debate().as_handler(**options))
     return bus

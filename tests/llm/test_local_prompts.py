@@ -116,7 +116,7 @@ def test_the_quality_benchmark_runs() -> None:
         [sys.executable, str(script), "--questions", "1", "--rounds", "1"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,  # a bound on a hang, not a wait: about 30-60 s on two cores
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "debates whose verdicts all parsed : " in run.stdout
