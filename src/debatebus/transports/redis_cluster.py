@@ -20,10 +20,12 @@ Redis keeps the topic as the key (no braces).
 own connections) and one ``CommandBatcher`` per master, so commands still go out one pipeline per
 master per loop tick. Each command of a job is routed on its own (by its first key: ``KEYS[1]``
 of a script, the channel of ``PUBLISH``); the commands a job sends to one master keep their order,
-commands on different masters run concurrently. ``MOVED`` (the command did not run) updates the
-slot, schedules a refresh of the whole map and sends the command again; ``ASK`` sends ``ASKING``
-and the command to the importing master; ``TRYAGAIN`` (a multi-key command during a migration)
-and ``CLUSTERDOWN`` are retried after a short pause. Past ``_MAX_REDIRECTS`` the caller gets the
+commands on different masters run concurrently, and a redirected command is sent again after the
+job's others (so a job whose commands must stay in order sends a script, as on one node).
+``MOVED`` (the command did not run) updates the slot, schedules a refresh of the whole map and
+sends the command again; ``ASK`` sends ``ASKING`` and the command to the importing master;
+``TRYAGAIN`` (a multi-key command during a migration) and ``CLUSTERDOWN`` are retried after a
+short pause. Past ``_MAX_REDIRECTS`` the caller gets the
 error. A lost connection fails what it carried (as on one node) and refreshes the map.
 """
 
