@@ -15,7 +15,9 @@ Sections:
   broker's Redis), once with memory:// checkpoints. Prints the peak of debates in flight (model
   calls waiting at once, each debate making one at a time), debates/s, the burst's time against
   the ideal (calls per debate × call latency), the worker's RSS idle/peak/after, bytes per
-  in-flight debate, worker CPU and Redis commands per debate. Then an in-process tracemalloc
+  in-flight debate, worker CPU (and the part of it spent in cyclic garbage collections, with
+  the worker's ``Collector``: debatebus's default, ``--gc-thresholds``, or Python's own with
+  ``--python-gc``) and Redis commands per debate. Then an in-process tracemalloc
   snapshot of ``--trace-debates`` debates in flight, by file:line, and what is left once they
   are answered.
 
@@ -45,10 +47,13 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bus import cpu_seconds  # noqa: E402
 from benchmarks.bus_apps import InstantLLM  # noqa: E402
+from benchmarks.scale_cluster import cluster_section  # noqa: E402
+from benchmarks.scale_kafka import kafka_section  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 
 from debatebus import Debate, Judge, Participant  # noqa: E402
 from debatebus.checkpoints import store_from_url  # noqa: E402
+from debatebus.collector import DEFAULT_COLLECTOR, Collector  # noqa: E402
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, Message  # noqa: E402
 from debatebus.llm.ratelimit import RateLimit, RateLimitedLLM  # noqa: E402
 from debatebus.llm.ratelimit_redis import RedisRateLimiter  # noqa: E402
@@ -157,6 +162,8 @@ def _print_ratelimit(label: str, args: argparse.Namespace, limit: RateLimit, sta
 
 QUESTION = "Should we adopt microservices?"
 NOW, PEAK, CALLS = range(3)  # counters the worker shares: model calls waiting, their peak, made
+#: Then, per generation, the cyclic collections the worker ran and the ns they took.
+GC_RUNS, GC_NS = 3, 6
 
 
 class SleepyLLM:
@@ -203,14 +210,38 @@ def sleepy_bus(url: str, stream: str, args: argparse.Namespace, store: str, llm:
     return bus
 
 
+def _count_collections(counts: Any) -> None:
+    """Counts the worker's cyclic collections, and the CPU time they take, by generation."""
+    started = [0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.process_time_ns()
+        else:
+            counts[GC_RUNS + info["generation"]] += 1
+            counts[GC_NS + info["generation"]] += time.process_time_ns() - started[0]
+
+    gc.callbacks.append(on_gc)
+
+
+def collector_of(args: argparse.Namespace) -> Collector:
+    """The in-flight worker's cyclic GC settings: debatebus's default, Python's own
+    (``--python-gc``), or other thresholds."""
+    if args.python_gc:
+        return Collector(freeze=False, thresholds=None)
+    if args.gc_thresholds is not None:  # (0, 0, 0): no automatic cyclic garbage collection
+        return Collector(thresholds=tuple(args.gc_thresholds))
+    return DEFAULT_COLLECTOR
+
+
 def _inflight_worker(url: str, stream: str, args: argparse.Namespace, store: str,
                      counts: Any) -> None:
-    if args.gc_thresholds is not None:  # (0, 0, 0): no automatic cyclic garbage collection
-        gc.set_threshold(*args.gc_thresholds)
+    _count_collections(counts)
 
     async def serve() -> None:
         llm = SleepyLLM(args.call_latency, counts)
-        async with sleepy_bus(url, stream, args, store, llm) as bus:
+        async with sleepy_bus(url, stream, args, store, llm,
+                              collector=collector_of(args)) as bus:
             await bus.run()  # until SIGTERM
 
     try:
@@ -265,7 +296,7 @@ async def _burst(url: str, args: argparse.Namespace, store: str, n: int) -> dict
     import redis.asyncio as redis
 
     ctx = multiprocessing.get_context("spawn")
-    counts = ctx.RawArray("q", 3)
+    counts = ctx.RawArray("q", GC_NS + 3)
     stream = f"inflight{uuid.uuid4().hex[:6]}:request"
     proc = ctx.Process(target=_inflight_worker, args=(url, stream, args, store, counts))
     proc.start()
@@ -282,13 +313,14 @@ async def _burst(url: str, args: argparse.Namespace, store: str, n: int) -> dict
             nonlocal rss_peak
             rss_peak = max(rss_peak, rss_kb(proc.pid))
 
-        commands, cpu0 = await _commands(client), cpu_seconds(proc.pid)
+        commands, cpu0, gc0 = await _commands(client), cpu_seconds(proc.pid), counts[GC_RUNS:]
         t0 = time.perf_counter()
         await _publish(client, stream, n, "burst")
         published = time.perf_counter() - t0
         await _wait_settled(client, stream, n + 1, 60 + 20 * calls * args.call_latency + n / 50,
                             sample)
         elapsed, cpu = time.perf_counter() - t0, cpu_seconds(proc.pid) - cpu0
+        gcs = [after - before for after, before in zip(counts[GC_RUNS:], gc0, strict=True)]
         failed = await client.xlen(f"event:{stream}:failed")
         commands = {name: (count - commands.get(name, 0)) / n
                     for name, count in (await _commands(client)).items()}
@@ -297,6 +329,7 @@ async def _burst(url: str, args: argparse.Namespace, store: str, n: int) -> dict
                 "elapsed": elapsed, "published": published, "inflight": counts[PEAK],
                 "idle": idle, "peak": max(rss_peak, rss_kb(proc.pid, "VmHWM")),
                 "after": rss_kb(proc.pid), "failed": failed, "cpu_ms": 1000 * cpu / n,
+                "full_gcs": gcs[2], "gc_s": sum(gcs[3:]) / 1e9,
                 **{f"redis {name}": count for name, count in commands.items() if count >= 0.05}}
     finally:
         proc.terminate()
@@ -321,7 +354,9 @@ def _print_burst(label: str, n: int, fig: dict[str, float]) -> None:
           f"{fig['idle'] / 1024:4.0f} MiB, peak {fig['peak'] / 1024:5.0f} MiB, after "
           f"{fig['after'] / 1024:5.0f} MiB   {per_debate / 1024:5.1f} KiB per in-flight debate"
           + (f"   FAILED {fig['failed']:.0f}" if fig["failed"] else ""), flush=True)
-    print(f"    worker CPU {fig['cpu_ms']:.2f} ms per debate; Redis commands per debate (the "
+    print(f"    worker CPU {fig['cpu_ms']:.2f} ms per debate, of which cyclic GC "
+          f"{1000 * fig['gc_s'] / n:.2f} ms ({fig['gc_s']:.1f} s, {fig['full_gcs']:.0f} full "
+          "collections); Redis commands per debate (the "
           "requests' XADD, and commands run by scripts, included): " + ", ".join(
         f"{name[6:]} {count:.2f}" for name, count in fig.items() if name.startswith("redis ")),
         flush=True)
@@ -332,7 +367,8 @@ STORES = {"durable default (Redis)": "default", "memory:// checkpoints": "memory
 
 def inflight_section(args: argparse.Namespace) -> None:
     print(f"in-flight capacity: one worker, --concurrency {args.concurrency}, {args.rounds}-round "
-          f"instant-debate shape, {args.call_latency:g} s per model call; load average "
+          f"instant-debate shape, {args.call_latency:g} s per model call, cyclic GC "
+          f"{collector_of(args)}; load average "
           f"{os.getloadavg()[0]:.2f}, CPUs {os.cpu_count()}", flush=True)
     redis_server = RedisServer.start(appendonly=False)
     runs: dict[tuple[str, int], list[dict[str, float]]] = {}
@@ -420,7 +456,8 @@ def _short(filename: str) -> str:
     return filename.replace(str(ROOT) + os.sep, "").replace(sys.prefix + os.sep, "")
 
 
-SECTIONS = {"inflight": inflight_section, "ratelimit": ratelimit_section}
+SECTIONS = {"inflight": inflight_section, "ratelimit": ratelimit_section, "cluster": cluster_section,
+            "kafka": kafka_section}
 
 
 def main() -> None:
@@ -448,7 +485,11 @@ def main() -> None:
                         help="the durable handler's lease_ttl_s (0: its default; leases are "
                         "renewed every third of it)")
     parser.add_argument("--gc-thresholds", type=int, nargs=3,
-                        help="the in-flight worker's gc.set_threshold (default: Python's)")
+                        help="the in-flight worker's collector thresholds (default: debatebus's, "
+                        f"{' '.join(map(str, DEFAULT_COLLECTOR.thresholds or ()))})")
+    parser.add_argument("--python-gc", action="store_true",
+                        help="the in-flight worker leaves Python's collector as it is "
+                        "(Collector(freeze=False, thresholds=None))")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per debate")
     parser.add_argument("--call-latency", type=float, default=2.0, help="seconds per model call")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each in-flight burst")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -125,26 +125,29 @@ class Settler:
                         delivery.topic, delivery.id, exc)
             self.release(delivery)
 
-    async def _settle(self, delivery: Delivery, ctx: RequestContext | None) -> _Settled:
+    def _settle(self, delivery: Delivery,
+                ctx: RequestContext | None) -> Coroutine[Any, Any, _Settled]:
+        # Returns the coroutine of the step that settles ``delivery``, awaited by ``process``
+        # with no frame of this one in between (one fewer per debate in flight).
         route = self.routes.get(delivery.topic)
         if route is None:
-            return await self._dead_letter(delivery, f"no handler subscribed for {delivery.topic!r}")
+            return self._dead_letter(delivery, f"no handler subscribed for {delivery.topic!r}")
         if len(delivery.body) > self.max_message_bytes:
-            return await self._reject_or_fail(delivery, (
+            return self._reject_or_fail(delivery, (
                 f"message is {len(delivery.body)} bytes, over the limit of {self.max_message_bytes}: "
                 "send a smaller message or raise max_message_bytes"))
         if delivery.deliveries > self.max_deliveries:
-            return await self._dead_letter(delivery, (
+            return self._dead_letter(delivery, (
                 f"delivered {delivery.deliveries} times without completing (max_deliveries="
                 f"{self.max_deliveries}): inspect the handler's logs for this request"))
         try:
             request = decode_request(delivery.body)
         except InputError as exc:
-            return await self._reject_or_fail(delivery, str(exc))
+            return self._reject_or_fail(delivery, str(exc))
         if ctx is not None:
             ctx.request_id, ctx.headers = request.request_id, request.headers
             ctx.debate_name = getattr(route.handler, "name", None)
-        return await self._handle(route, delivery, request, ctx)
+        return self._handle(route, delivery, request, ctx)
 
     async def _dead_letter(self, delivery: Delivery, reason: str) -> _Settled:
         await self._retrying(delivery, "dead letter", lambda: self.transport.reject(delivery, reason))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import uuid
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
     from debatebus.handlers.handler import DebateHandler, HandlerOptions
 
 __all__ = ["Debate", "DebateMetrics"]
+
+#: What a run without ``deadline_s`` runs within: shared, not a timeout object per run.
+_NO_DEADLINE = contextlib.nullcontext()
 
 
 
@@ -106,6 +110,50 @@ class Debate(DebateSpec):
         With ``sub_debates``, ``children`` runs the sub-debates a position asks for (default: in
         this process, ``InProcessChildren``; a bus handler passes one that publishes them);
         ``depth`` is this run's own (0 at the top; a sub-debate's events carry it)."""
+        run, session = self._start(question, debate_id, on_event, max_rounds, resume, on_commit,
+                                   request_id, children, depth)
+        await run.emit(
+            ev.DebateStarted,
+            question=question,
+            debate_name=self.name,
+            protocol=self.protocol,
+            participants=[p.name for p in self.participants],
+            max_rounds=run.max_rounds,
+            resumed_from_round=run.resumed_from,
+        )
+        # Played here, within the deadline, not in a coroutine of its own (one frame fewer per
+        # debate in flight). A DebateFailure or the deadline ends the run failed, keeping what
+        # the protocol had decided (its Φ̂).
+        outcome: Outcome | None = None
+        synthesis: Turn | None = None
+        error: str | None = None
+        try:
+            deadline = _NO_DEADLINE if self.deadline_s is None else asyncio.timeout(self.deadline_s)
+            async with deadline:
+                if self.protocol == "cross-pollination":
+                    outcome = await run_cross_pollination(run, session)
+                else:
+                    outcome = await run_round_robin(run)
+                await emit_phi(run, outcome.phi_hat)
+                if outcome.synthesis is not None:
+                    synthesis = await synthesize(run, outcome.synthesis)
+        except DebateFailure as failure:
+            error = str(failure)
+        except TimeoutError:
+            error = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s"
+        result = await finish(run, outcome, synthesis, error)
+        result.sub_debates = list(run.progress.sub_debates)
+        if self.on_metrics is not None:
+            reported = self.on_metrics(DebateMetrics.of(result))
+            if inspect.isawaitable(reported):
+                await reported
+        return result
+
+    def _start(self, question: str, debate_id: str | None, on_event: OnEvent | None,
+               max_rounds: int | None, resume: Progress | None, on_commit: OnCommit | None,
+               request_id: str | None, children: ChildRunner | None,
+               depth: int) -> tuple[Run, SubDebateSession | None]:
+        """``run``'s arguments, checked: the new run and its sub-debate session, if any."""
         if not isinstance(question, str):
             raise ConfigError(f"the question must be a string, got {type(question).__name__}")
         if max_rounds is not None and max_rounds < 1:
@@ -124,48 +172,10 @@ class Debate(DebateSpec):
         )
         if resume is not None:  # Run copies the committed rounds; the children go with them
             run.progress.sub_debates = list(resume.sub_debates)
-        session = None
-        if self.sub_debates is not None:
-            runner = children or InProcessChildren(self, on_event)
-            session = SubDebateSession(run, self.sub_debates, runner, depth)
-        await run.emit(
-            ev.DebateStarted,
-            question=question,
-            debate_name=self.name,
-            protocol=self.protocol,
-            participants=[p.name for p in self.participants],
-            max_rounds=run.max_rounds,
-            resumed_from_round=run.resumed_from,
-        )
-        result = await self._play(run, session)
-        if self.on_metrics is not None:
-            reported = self.on_metrics(DebateMetrics.of(result))
-            if inspect.isawaitable(reported):
-                await reported
-        return result
-
-    async def _play(self, run: Run, children: SubDebateSession | None) -> DebateResult:
-        """Play the protocol, then its synthesis, within the deadline. A DebateFailure or the
-        deadline ends the run failed, keeping what the protocol had decided (its Φ̂)."""
-        outcome: Outcome | None = None
-        synthesis: Turn | None = None
-        error: str | None = None
-        try:
-            async with asyncio.timeout(self.deadline_s):
-                if self.protocol == "cross-pollination":
-                    outcome = await run_cross_pollination(run, children)
-                else:
-                    outcome = await run_round_robin(run)
-                await emit_phi(run, outcome.phi_hat)
-                if outcome.synthesis is not None:
-                    synthesis = await synthesize(run, outcome.synthesis)
-        except DebateFailure as failure:
-            error = str(failure)
-        except TimeoutError:
-            error = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s"
-        result = await finish(run, outcome, synthesis, error)
-        result.sub_debates = list(run.progress.sub_debates)
-        return result
+        if self.sub_debates is None:
+            return run, None
+        runner = children or InProcessChildren(self, on_event)
+        return run, SubDebateSession(run, self.sub_debates, runner, depth)
 
     def as_handler(self, **options: Unpack[HandlerOptions]) -> DebateHandler:
         """This debate as a bus handler (or an async ``handler(payload) -> dict`` to call

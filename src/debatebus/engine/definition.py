@@ -138,6 +138,9 @@ class DebateSpec:
     participant_names: str = field(init=False)
     word_limit_texts: Mapping[str, str] = field(init=False)
     utility_texts: Mapping[str, str] = field(init=False)
+    #: Every speaking role's system prompt by name (participants, moderator, synthesis speaker,
+    #: judge, audience speaker): one dict for all runs, not one per run.
+    personas: Mapping[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         lang = language_named(self.language)
@@ -160,6 +163,7 @@ class DebateSpec:
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "personas", _personas(self))  # of the derived judge
         validate(self)
 
     def llm_for(self, role: Participant | Judge) -> LLM:
@@ -183,6 +187,13 @@ class DebateSpec:
     def audience_speaker(self) -> Participant:
         chosen = self.moderator or self.synthesizer
         return chosen or Participant("audience", self.lang.audience_persona)
+
+
+def _personas(spec: DebateSpec) -> dict[str, str]:
+    roles = [*spec.participants, spec.moderator, spec.synthesis_speaker, spec.judge]
+    if spec.audience:
+        roles.append(spec.audience_speaker)
+    return {r.name: r.system_prompt for r in roles if r is not None}
 
 
 def _judge_in(lang: Language, judge: Judge | None) -> Judge | None:

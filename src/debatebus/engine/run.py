@@ -1,5 +1,5 @@
-"""One debate in progress: its state (transcript so far, usage, counters, template fields) and
-the primitives that change it: emit an event, make a counted call, commit framing and rounds.
+"""One debate in progress: its state (transcript so far, usage, counters) and the primitives that
+change it: emit an event, count a call and what it spent, commit framing and rounds.
 The steps a protocol takes over a run are in ``steps``; decisions over values in ``rules``."""
 
 from __future__ import annotations
@@ -10,19 +10,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant
-from debatebus.engine.prompts import (
-    Language,
-    PromptContext,
-    fill_template,
-    names_persona,
-    template_fields,
-)
+from debatebus.engine.prompts import PromptContext, fill_template, names_persona, template_fields
 from debatebus.engine.result import DebateState, Progress
 from debatebus.engine.rules import check_budget, latest_verdict, stop_reached
 from debatebus.engine.transcript import Round, Turn, render_round
 from debatebus.exceptions import LLMError
-from debatebus.llm.base import LLM, LLMRequest, LLMResponse
+from debatebus.llm.base import LLMRequest
 from debatebus.schemas import events as ev
+from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 __all__ = ["OnCommit", "OnEvent", "Run"]
 
@@ -30,12 +25,15 @@ OnEvent = Callable[[ev.DebateEvent], Awaitable[None] | None]
 OnCommit = Callable[[Progress, Turn | Round], Awaitable[None]]
 
 
-def _framing_field(lang: Language, framing: Turn | None) -> str:
-    return f"{lang.framing_label}{framing.text}\n" if framing else ""
-
-
 class Run:
-    """The state of one run. Everything spent is counted here, whatever happens to the run."""
+    """The state of one run. Everything spent is counted here, whatever happens to the run.
+
+    Thousands of runs may be in flight in one worker, each waiting on a model call: a run keeps
+    its own state only (the transcript once, as turns; prompts are rendered from it per call),
+    and reads everything its debate fixes from the spec."""
+
+    __slots__ = ("debate_id", "max_rounds", "on_commit", "on_event", "progress", "question",
+                 "request_id", "resumed_from", "seq", "spec", "started")
 
     def __init__(
         self,
@@ -62,18 +60,6 @@ class Run:
         )
         self.resumed_from = len(self.progress.rounds)
         self.max_rounds = min(spec.max_rounds, max_rounds) if max_rounds else spec.max_rounds
-        self.rendered = [render_round(r) for r in self.progress.rounds]
-        # The fields every string template shares; speaker, round, transcript… are added per call.
-        self.fields = template_fields(
-            question=question,
-            debate_name=spec.name,
-            participants=spec.participant_names,
-            framing=_framing_field(spec.lang, self.progress.framing),
-        )
-        roles = [*spec.participants, spec.moderator, spec.synthesis_speaker, spec.judge]
-        if spec.audience:
-            roles.append(spec.audience_speaker)
-        self.personas = {r.name: r.system_prompt for r in roles if r is not None}
         self.seq = 0
         self.started = time.perf_counter()
 
@@ -92,22 +78,24 @@ class Run:
 
     # ---- calls --------------------------------------------------------------------------------
 
-    async def call(self, llm: LLM, request: LLMRequest) -> tuple[LLMResponse, float]:
-        """The response and the call's duration in ms (measured only when someone listens)."""
+    def count_call(self, request: LLMRequest) -> None:
+        """Before a model call: BudgetExceededError when the budget leaves no room for
+        ``request``, else the call is counted. (The steps await the model themselves, with no
+        coroutine of the run's in between: one frame fewer per debate in flight.)"""
         if self.spec.budget is not None:
             check_budget(self.spec.budget, self.progress.calls, self.progress.usage, request)
         self.progress.calls += 1
-        started = time.perf_counter() if self.on_event is not None else 0.0
-        try:
-            response = await llm.complete(request)
-        except LLMError as exc:
-            if exc.usage is not None:
-                self.progress.usage += exc.usage
-            raise
-        if response.usage is not None:
-            self.progress.usage += response.usage
-        elapsed = (time.perf_counter() - started) * 1000.0 if started else 0.0
-        return response, elapsed
+
+    def spend(self, usage: TokenUsage | None) -> TokenUsage:
+        """Count what a call spent (a response's usage, or a failed call's, when known)."""
+        if usage is None:
+            return ZERO_USAGE
+        self.progress.usage += usage
+        return usage
+
+    def spend_failed(self, exc: BaseException) -> TokenUsage:
+        """Count what a failed call spent: an LLMError may say (else nothing is known)."""
+        return self.spend(exc.usage if isinstance(exc, LLMError) else None)
 
     # ---- prompts ------------------------------------------------------------------------------
 
@@ -117,17 +105,24 @@ class Run:
         template = self.spec.templates.get(phase)
         if callable(template):
             return template(self.context(who, number, phase, transcript, **extra))
-        word_limit = self.spec.word_limit_texts.get(phase, "")
-        values = {
-            **self.fields,
-            "speaker": who,
-            "round": number,
-            "transcript": transcript,
-            "word_limit": word_limit,
-            "persona": self.personas.get(who, ""),
+        values = template_fields(
+            question=self.question,
+            debate_name=self.spec.name,
+            participants=self.spec.participant_names,
+            framing=self.framing_field(),
+            speaker=who,
+            round=number,
+            transcript=transcript,
+            word_limit=self.spec.word_limit_texts.get(phase, ""),
+            persona=self.spec.personas.get(who, ""),
             **extra,
-        }
+        )
         return fill_template(template, values)
+
+    def framing_field(self) -> str:
+        """The ``{framing}`` of prompts: the committed framing, labelled, or nothing."""
+        framing = self.progress.framing
+        return f"{self.spec.lang.framing_label}{framing.text}\n" if framing else ""
 
     def system_for(self, phase: str, who: Participant | Judge) -> str:
         """The system prompt of ``who``'s ``phase`` call: the debate's shared one (in its language)
@@ -144,18 +139,21 @@ class Run:
             debate_name=self.spec.name,
             speaker=who,
             round=number,
-            framing=self.fields["framing"],
+            framing=self.framing_field(),
             transcript=transcript,
             participants=self.spec.participant_names,
             word_limit=self.spec.word_limit_texts.get(phase, ""),
-            persona=self.personas.get(who, ""),
+            persona=self.spec.personas.get(who, ""),
             state=self.state(number),
             **extra,
         )
 
     def full_transcript(self, pending: str | None = None) -> str:
-        """Every committed round, plus a pending round's rendering; what judge and synthesis see."""
-        parts = self.rendered if pending is None else [*self.rendered, pending]
+        """Every committed round, plus a pending round's rendering; what judge and synthesis see.
+        Rendered from the turns at each call, not kept: a run holds its transcript once."""
+        parts = [render_round(r) for r in self.progress.rounds]
+        if pending is not None:
+            parts.append(pending)
         return "\n\n".join(parts)
 
     def state(self, number: int) -> DebateState:
@@ -176,14 +174,12 @@ class Run:
 
     async def commit_framing(self, turn: Turn) -> None:
         self.progress.framing = turn
-        self.fields["framing"] = _framing_field(self.spec.lang, turn)
         if self.on_commit is not None:
             await self.on_commit(self.progress, turn)
 
-    async def commit_round(self, rnd: Round, rendered: str) -> None:
-        """Append a finished round (``rendered`` is its prompt text) and checkpoint it."""
+    async def commit_round(self, rnd: Round) -> None:
+        """Append a finished round and checkpoint it."""
         self.progress.rounds.append(rnd)
-        self.rendered.append(rendered)
         if self.on_commit is not None:
             await self.on_commit(self.progress, rnd)
 

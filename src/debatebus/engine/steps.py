@@ -73,7 +73,7 @@ def request_for(
 
 
 def _stops(run: Run, speaker: str) -> tuple[str, ...]:
-    return _stops_among(tuple(run.personas), speaker)
+    return _stops_among(tuple(run.spec.personas), speaker)
 
 
 @functools.lru_cache(maxsize=256)
@@ -92,7 +92,7 @@ def _token_budget(words: int) -> int:
 def clean_text(run: Run, who: Participant | Judge, purpose: str, text: str) -> str:
     """A free-text answer as the transcript keeps it: cut where another turn starts, within the
     phase's word limit."""
-    return fit_words(clean_turn(text, who.name, run.personas), run.spec.limits.get(purpose))
+    return fit_words(clean_turn(text, who.name, run.spec.personas), run.spec.limits.get(purpose))
 
 
 def model_of(spec: DebateSpec, response: LLMResponse, who: Participant | Judge) -> str:
@@ -104,11 +104,14 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
     llm = run.spec.llm_for(who)
     started = time.perf_counter()
     try:
-        response, elapsed = await run.call(llm, request_for(run, who, purpose, number, prompt))
+        request = request_for(run, who, purpose, number, prompt)
+        run.count_call(request)
+        response = await llm.complete(request)
     except BudgetExceededError as exc:
+        run.spend_failed(exc)
         raise DebateFailure(str(exc)) from exc
     except Exception as exc:
-        usage = exc.usage if isinstance(exc, LLMError) and exc.usage else ZERO_USAGE
+        usage = run.spend_failed(exc)
         error = _describe(exc)
         await run.emit(
             ev.TurnFailed,
@@ -125,7 +128,7 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
                 f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
             ) from exc
         return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
-    usage = response.usage or ZERO_USAGE
+    usage = run.spend(response.usage)
     text = clean_text(run, who, purpose, response.text)
     if run.on_event is not None:
         await run.emit(
@@ -135,7 +138,7 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
             text=text,
             usage=usage,
             model=response.model or model_name(llm),
-            duration_ms=elapsed,
+            duration_ms=(time.perf_counter() - started) * 1000.0,
         )
     return Turn(speaker=who.name, round=number, text=text, usage=usage)
 
@@ -148,15 +151,20 @@ async def role_call(
     prompt: str,
     schema: type[BaseModel] | None = None,
 ) -> tuple[LLMResponse, float]:
-    """A moderator, judge or synthesizer call: any failure fails the debate."""
+    """A moderator, judge or synthesizer call, and its duration in ms: any failure fails the
+    debate."""
+    started = time.perf_counter()
     try:
-        return await run.call(
-            run.spec.llm_for(who), request_for(run, who, purpose, number, prompt, schema)
-        )
+        request = request_for(run, who, purpose, number, prompt, schema)
+        run.count_call(request)
+        response = await run.spec.llm_for(who).complete(request)
     except Exception as exc:
+        run.spend_failed(exc)
         raise DebateFailure(
             f"{purpose} by {who.name!r} failed in round {number}: {_describe(exc)}"
         ) from exc
+    run.spend(response.usage)
+    return response, (time.perf_counter() - started) * 1000.0
 
 
 async def frame(run: Run) -> None:
@@ -228,11 +236,10 @@ async def start_round(run: Run, number: int, phase: str) -> TokenUsage:
 
 async def finish_round(run: Run, rnd: Round, usage_before: TokenUsage, *, judged: bool) -> None:
     """Judge (when ``judged`` and the debate has a judge), commit and report a round."""
-    rendered = render_round(rnd)
     if judged and run.spec.judge is not None:
-        rnd.verdict = await judge(run, rnd, run.full_transcript(rendered))
+        rnd.verdict = await judge(run, rnd, run.full_transcript(render_round(rnd)))
     rnd.usage = run.progress.usage - usage_before
-    await run.commit_round(rnd, rendered)
+    await run.commit_round(rnd)
     await run.emit(ev.RoundCompleted, round=rnd.number, phase=rnd.phase, usage=rnd.usage)
 
 

@@ -41,6 +41,8 @@ Status = Literal["completed", "failed"]
 class Slot:
     """One of a worker's ``concurrency`` permits, held by the task handling one delivery."""
 
+    __slots__ = ("_permits", "held")
+
     def __init__(self, permits: asyncio.Semaphore) -> None:
         self._permits = permits
         self.held = True

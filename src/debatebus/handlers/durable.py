@@ -38,7 +38,7 @@ from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore, Opening, retention_kw
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import Progress
-from debatebus.engine.run import OnCommit, OnEvent
+from debatebus.engine.run import OnEvent
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import LeaseLostError, TransportError
@@ -54,7 +54,7 @@ from debatebus.handlers.checkpointing import (
     restore_progress,
     reused_id,
 )
-from debatebus.handlers.children import BusChildren, CommitChild
+from debatebus.handlers.children import BusChildren
 from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, result_fields
 from debatebus.schemas.envelope import now_iso
 
@@ -75,6 +75,8 @@ T = TypeVar("T")
 
 #: How long a debate in flight waits for its store to come back before giving up its delivery.
 DEFAULT_STORE_OUTAGE_S = 120.0
+#: Leases a keeper renews at once (see ``LeaseKeeper._renew_all``).
+_RENEWALS_AT_ONCE = 1000
 #: What a run does with a checkpoint written by another definition of its debate: refuse it
 #: (``strict``) or resume it by round number (``loose``).
 Drift = Literal["strict", "loose"]
@@ -116,9 +118,21 @@ class LeaseKeeper:
     async def _renew_forever(self) -> None:
         while self.held:
             await asyncio.sleep(self.ttl_s / 3)
-            # Concurrently: one slow renewal must not delay the others past their expiry.
-            await asyncio.gather(*(self._renew(owner, debate_id, run)
-                                   for owner, (debate_id, run) in list(self.held.items())))
+            await self._renew_all(list(self.held.items()))
+
+    async def _renew_all(self, held: list[tuple[str, tuple[str, asyncio.Task[Any]]]]) -> None:
+        """Concurrently: one slow renewal must not delay the others past their expiry. A chunk
+        at a time (the store pipelines each), not a task for every lease at once (with thousands
+        of debates in flight, that was megabytes every ttl/3); a chunk still going after a second
+        overlaps the next. (A method of its own: ``held`` must not outlive the round, keeping
+        finished runs.)"""
+        going: set[asyncio.Future[list[None]]] = set()
+        for start in range(0, len(held), _RENEWALS_AT_ONCE):
+            going.add(asyncio.gather(*(self._renew(owner, debate_id, run) for owner, (
+                debate_id, run) in held[start:start + _RENEWALS_AT_ONCE])))
+            _, going = await asyncio.wait(going, timeout=1.0)
+        if going:
+            await asyncio.wait(going)
 
     async def _renew(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
         try:
@@ -189,10 +203,12 @@ class DurableRunner:
         finished = False
         try:
             progress = self._restore(ask, header, encoded, opening)
+            expired = opening.expired
+            del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
                 return failure_fields(debate_id, progress)
             fields = await self._run_leased(ask, owner, on_event, progress, children)
-            if opening.expired:
+            if expired:
                 fields[RESULT_EXPIRED] = True
             result = encode_result(fields, ask.fingerprint)
             await self._patient(lambda: self.store.finish(debate_id, owner, result,
@@ -248,39 +264,18 @@ class DurableRunner:
             return None
         return restore_progress(checkpoint, self.debate.spec)
 
-    def _commits(self, debate_id: str, progress: Progress | None) -> tuple[OnCommit, CommitChild]:
-        """The run's commit of framing and rounds, and its commit of a child's record."""
-        # Each child's last committed status (a resumed run's, from its checkpoint).
-        committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
-
-        async def append(entries: list[bytes], state: Progress) -> None:
-            await self._patient(lambda: self.store.append_many(
-                debate_id, entries, counters_of(state), **self._retention))
-
-        async def commit(state: Progress, item: Turn | Round) -> None:
-            # The framing and every round are written before the debate goes on, so a crash
-            # costs at most the calls of the step it interrupted. A round goes with the final
-            # records of the children whose outcome it used.
-            ended = [r for r in state.sub_debates if committed.get(r.child_id) != r.status]
-            committed.update((r.child_id, r.status) for r in ended)
-            await append([*map(encode_entry, ended), encode_entry(item)], state)
-
-        async def commit_child(record: SubDebateRecord, state: Progress) -> bool:
-            if record.child_id in committed:
-                return False
-            committed[record.child_id] = record.status
-            await append([encode_entry(record)], state)
-            return True
-
-        return commit, commit_child
+    async def append(self, debate_id: str, entries: list[bytes], state: Progress) -> None:
+        """Commit ``entries`` of a debate, with its counters, riding out a store outage."""
+        await self._patient(lambda: self.store.append_many(
+            debate_id, entries, counters_of(state), **self._retention))
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           progress: Progress | None,
                           children: BusChildren | None) -> dict[str, Any]:
         debate_id = ask.debate_id
-        commit, commit_child = self._commits(debate_id, progress)
+        commits = _Commits(self, debate_id, progress)
         if children is not None:
-            children = replace(children, store=self.store, commit=commit_child)
+            children = replace(children, store=self.store, commit=commits.commit_child)
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.
         task = asyncio.current_task()
@@ -289,7 +284,7 @@ class DurableRunner:
         try:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
-                resume=progress, on_commit=commit, request_id=ask.request_id,
+                resume=progress, on_commit=commits.commit, request_id=ask.request_id,
                 children=children, depth=ask.depth)
         except asyncio.CancelledError:
             if self.keeper.untrack(owner) and task.uncancel() == 0:
@@ -301,6 +296,36 @@ class DurableRunner:
         if self.keeper.untrack(owner):  # lost as the debate ended: don't publish it
             raise _lease_lost(debate_id)
         return result_fields(result)
+
+
+class _Commits:
+    """A run's commits of its framing, rounds and children's records: one small object per
+    debate in flight (not a closure each, with their cells)."""
+
+    __slots__ = ("committed", "debate_id", "runner")
+
+    def __init__(self, runner: DurableRunner, debate_id: str, progress: Progress | None) -> None:
+        self.runner = runner
+        self.debate_id = debate_id
+        # Each child's last committed status (a resumed run's, from its checkpoint).
+        self.committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
+
+    async def commit(self, state: Progress, item: Turn | Round) -> None:
+        """The framing and every round are written before the debate goes on, so a crash costs
+        at most the calls of the step it interrupted. A round goes with the final records of
+        the children whose outcome it used."""
+        committed = self.committed
+        ended = [r for r in state.sub_debates if committed.get(r.child_id) != r.status]
+        committed.update((r.child_id, r.status) for r in ended)
+        await self.runner.append(self.debate_id, [*map(encode_entry, ended), encode_entry(item)],
+                                 state)
+
+    async def commit_child(self, record: SubDebateRecord, state: Progress) -> bool:
+        if record.child_id in self.committed:
+            return False
+        self.committed[record.child_id] = record.status
+        await self.runner.append(self.debate_id, [encode_entry(record)], state)
+        return True
 
 
 def _lease_lost(debate_id: str) -> LeaseLostError:

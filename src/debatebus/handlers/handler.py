@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from debatebus.checkpoints import store_for_broker
@@ -40,6 +40,7 @@ from debatebus.presets import PRESETS, preset
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
+    from debatebus.engine.result import DebateResult
 
 __all__ = ["DebateHandler", "HandlerOptions", "attach_default_stores", "no_default_store_warning"]
 
@@ -64,30 +65,38 @@ class HandlerOptions(TypedDict, total=False):
 
 
 class _SingleFlight:
-    """One run per debate id at a time; the copies that arrive meanwhile share its result."""
+    """One run per debate id at a time; the copies that arrive meanwhile share its result.
+
+    A run is registered by ``turn`` and must be ended by ``end``. What a run holds is its ask
+    only: the future its copies wait on is made by the first copy (rare), not by every run."""
 
     def __init__(self) -> None:
-        self._runs: dict[str, tuple[Ask, asyncio.Future[Fields | None]]] = {}
+        self._running: dict[str, Ask] = {}
+        self._waiting: dict[str, asyncio.Future[Fields | None]] = {}
 
-    async def run(self, ask: Ask, start: Callable[[], Awaitable[Fields]]) -> tuple[Fields, bool]:
-        """The run's fields, and whether they came from another call's run."""
-        while (current := self._runs.get(ask.debate_id)) is not None:
-            running, shared = current
+    async def turn(self, ask: Ask) -> Fields | None:
+        """Another run's fields for this very input (waited for), or None: ``ask``'s own run
+        may start, and is registered."""
+        debate_id = ask.debate_id
+        while (running := self._running.get(debate_id)) is not None:
+            shared = self._waiting.get(debate_id)
+            if shared is None:
+                shared = self._waiting[debate_id] = asyncio.get_running_loop().create_future()
             # shield: a copy cancelled while waiting must not cancel what the others wait for.
             fields = await asyncio.shield(shared)
             if fields is not None and running.fingerprint == ask.fingerprint:
-                return fields, True
+                return fields
             # That run ended without a result (crash, lost lease, shutdown), or it answered
             # another input (the store, if any, then refuses this one): go our own way.
-        outcome: asyncio.Future[Fields | None] = asyncio.get_running_loop().create_future()
-        self._runs[ask.debate_id] = (ask, outcome)
-        fields = None
-        try:
-            fields = await start()
-            return fields, False
-        finally:
-            del self._runs[ask.debate_id]
-            outcome.set_result(fields)
+        self._running[debate_id] = ask
+        return None
+
+    def end(self, ask: Ask, fields: Fields | None) -> None:
+        """``ask``'s run ended with ``fields`` (None: without a result); its copies get them."""
+        del self._running[ask.debate_id]
+        shared = self._waiting.pop(ask.debate_id, None)
+        if shared is not None:
+            shared.set_result(fields)
 
 
 class DebateHandler:
@@ -204,18 +213,27 @@ class DebateHandler:
         ``debate*`` result fields."""
         return (await self._answer(payload, request_id, on_event, None)).fields
 
-    async def handle(self, payload: Mapping[str, Any], ctx: HandlerContext) -> HandlerResult:
+    def handle(self, payload: Mapping[str, Any],
+               ctx: HandlerContext) -> Coroutine[Any, Any, HandlerResult]:
         """The bus's call: as ``__call__``, with the request id and event sink of ``ctx``, and
-        sub-debates published on its transport."""
-        return await self._answer(payload, ctx.request_id, ctx.on_event, ctx)
+        sub-debates published on its transport. (It returns the answer's own coroutine: no frame
+        of its own per debate in flight.)"""
+        return self._answer(payload, ctx.request_id, ctx.on_event, ctx)
 
     async def _answer(self, payload: Mapping[str, Any], request_id: str | None,
                       on_event: OnEvent | None, bus: HandlerContext | None) -> HandlerResult:
         ask = self.ask(payload, request_id)
-        fields, shared = await self._flights.run(ask, lambda: self._run(ask, on_event, bus))
+        shared = await self._flights.turn(ask)
+        fields = shared
+        if fields is None:  # this call runs it: copies arriving meanwhile wait for its fields
+            try:
+                fields = await self._run(ask, on_event, bus)
+            finally:
+                self._flights.end(ask, fields)
         # A stored result says so itself (the durable runner marks it); a shared one is marked here.
-        replayed = shared or fields.get("debateReplayed") is True
-        merged = {**payload, **fields, "debateReplayed": True} if shared else {**payload, **fields}
+        replayed = shared is not None or fields.get("debateReplayed") is True
+        merged = ({**payload, **fields, "debateReplayed": True} if shared is not None
+                  else {**payload, **fields})
         failed = fields.get("debateStatus") == "failed"
         return HandlerResult("failed" if failed else "completed", merged, replayed)
 
@@ -230,17 +248,24 @@ class DebateHandler:
             self._preset_runners[ask.preset] = runner
         return runner
 
-    async def _run(self, ask: Ask, on_event: OnEvent | None, bus: HandlerContext | None) -> Fields:
+    def _run(self, ask: Ask, on_event: OnEvent | None,
+             bus: HandlerContext | None) -> Coroutine[Any, Any, Fields]:
+        """The run's coroutine, awaited by ``_answer`` with no frame of this method's in
+        between: the durable runner's, or (without a store) the debate's, read into fields."""
         debate = self.presets[ask.preset] if ask.preset is not None else self.debate
         children = _bus_children(debate, bus, on_event)
         runner = self._runner_for(ask)
         if runner is not None:
-            return await runner.run(ask, on_event, children)
-        result = await debate.run(
+            return runner.run(ask, on_event, children)
+        return _fields_of(debate.run(
             ask.question, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
             request_id=ask.request_id, children=children, depth=ask.depth,
-        )
-        return result_fields(result)
+        ))
+
+
+async def _fields_of(run: Awaitable[DebateResult]) -> Fields:
+    """A store-less run's result fields."""
+    return result_fields(await run)
 
 
 def _bus_children(debate: Debate, bus: HandlerContext | None,
