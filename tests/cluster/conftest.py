@@ -4,7 +4,7 @@ transport and checkpoint-store fixtures the shared contract suites take, pointed
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +18,6 @@ from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers.start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
 
 
 @pytest.fixture(params=["redis_streams", "redis_pubsub"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,15 +22,6 @@ from tests.integrations.test_faststream import counting_llm, debate
 from tests.support.cluster import RedisClusterServers
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[RedisClusterServers]:
-    servers = RedisClusterServers.start()
-    try:
-        yield servers
-    finally:
-        servers.stop()
 
 
 async def _entries(cluster: RedisClusterServers, key: str, count: int) -> list[dict[bytes, Any]]:
