@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from debatebus import Debate, Judge, Participant, ScriptedLLM
 from debatebus.engine.transcript import clean_turn, fit_words
+from debatebus.llm.fakes import word_usage
 
 TOPIC = "Should a 5-person startup adopt microservices?"
 NAMES = ("optimist", "critic", "pragmatist")
@@ -112,3 +113,36 @@ def test_fit_words_prefers_a_sentence_end() -> None:
         "One two three. Four five six seven."
     )
     assert fit_words("a b c", None) == "a b c"
+
+
+# The embedded model's answer that left nothing once cleaned (benchmarks/local_quality.py counted
+# these as empty turns): all of it another speaker's turn.
+ALL_OTHERS = "[critic]: Microservices are a trap.\n[pragmatist] Agreed."
+
+
+async def test_an_answer_that_was_all_another_speaker_s_turn_is_asked_for_once_more() -> None:
+    llm = ScriptedLLM(["Framing.", ALL_OTHERS, "Ship one service first.", "Too early.",
+                       "Split later.", verdict("split"), "Synthesis."])
+    d = Debate("clean", people(), llm=llm, moderator=Participant("moderator", "M"),
+               judge=Judge(), max_rounds=1)
+    result = await d.run(TOPIC)
+
+    optimist, critic, pragmatist = result.rounds[0].turns
+    assert (optimist.text, critic.text, pragmatist.text) == (
+        "Ship one service first.", "Too early.", "Split later.")
+    assert llm.requests[1].prompt == llm.requests[2].prompt  # the same question, asked again
+    assert result.calls == 7
+    # The turn's usage is what both of its calls spent.
+    asked = llm.requests[1]
+    assert optimist.usage == word_usage(asked, ALL_OTHERS) + word_usage(asked, optimist.text)
+
+
+async def test_a_second_answer_that_is_all_another_speaker_s_turn_too_is_left_empty() -> None:
+    llm = ScriptedLLM(["Framing.", ALL_OTHERS, ALL_OTHERS, "Too early.", "Split later.",
+                       verdict("split"), "Synthesis."])
+    d = Debate("clean", people(), llm=llm, moderator=Participant("moderator", "M"),
+               judge=Judge(), max_rounds=1)
+    result = await d.run(TOPIC)
+
+    assert [t.text for t in result.rounds[0].turns] == ["", "Too early.", "Split later."]
+    assert result.calls == 7  # asked twice, not more

@@ -100,18 +100,27 @@ def model_of(spec: DebateSpec, response: LLMResponse, who: Participant | Judge) 
 
 
 async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: str) -> Turn:
-    """A participant's turn under the failure policy: a failed call becomes a failed turn."""
+    """A participant's turn under the failure policy: a failed call becomes a failed turn. An
+    answer that was all heading or another speaker's turn (nothing left once cleaned; not an
+    empty answer, which is kept as is) is asked for once more: a small model that continued the
+    transcript usually answers as itself the second time."""
     llm = run.spec.llm_for(who)
     started = time.perf_counter()
+    spent = ZERO_USAGE
     try:
         request = request_for(run, who, purpose, number, prompt)
-        run.count_call(request)
-        response = await llm.complete(request)
+        for _ in range(2):
+            run.count_call(request)
+            response = await llm.complete(request)
+            spent = spent + run.spend(response.usage)
+            text = clean_text(run, who, purpose, response.text)
+            if text or not response.text.strip():
+                break
     except BudgetExceededError as exc:
         run.spend_failed(exc)
         raise DebateFailure(str(exc)) from exc
     except Exception as exc:
-        usage = run.spend_failed(exc)
+        usage = spent + run.spend_failed(exc)
         error = _describe(exc)
         await run.emit(
             ev.TurnFailed,
@@ -128,19 +137,17 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
                 f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
             ) from exc
         return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
-    usage = run.spend(response.usage)
-    text = clean_text(run, who, purpose, response.text)
     if run.on_event is not None:
         await run.emit(
             ev.TurnCompleted,
             speaker=who.name,
             round=number,
             text=text,
-            usage=usage,
+            usage=spent,
             model=response.model or model_name(llm),
             duration_ms=(time.perf_counter() - started) * 1000.0,
         )
-    return Turn(speaker=who.name, round=number, text=text, usage=usage)
+    return Turn(speaker=who.name, round=number, text=text, usage=spent)
 
 
 async def role_call(
