@@ -4,20 +4,20 @@ transport and checkpoint-store fixtures the shared contract suites take, pointed
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tests.checkpoints.conftest import Backend
+from tests.checkpoints.conftest import Backend, peer, store
 from tests.support.cluster import RedisClusterServers
-from tests.transports.conftest import Kind
+from tests.transports.conftest import Kind, topic, transport
 
-from debatebus.checkpoints import CheckpointStore, RedisCheckpointStore
-from debatebus.transports.base import Transport
+from debatebus.checkpoints import RedisCheckpointStore
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 
 pytestmark = pytest.mark.redis
+# The contract suites' own fixtures over ``kind`` and ``backend`` (defined below for the cluster).
+__all__ = ["peer", "store", "topic", "transport"]
 
 
 @pytest.fixture(params=["redis_streams", "redis_pubsub"])
@@ -31,32 +31,7 @@ def kind(request: pytest.FixtureRequest, redis_cluster: RedisClusterServers) -> 
 
 
 @pytest.fixture
-def topic() -> str:
-    """A fresh event type per test: its family lands on some master of the three."""
-    return f"test:{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-async def transport(kind: Kind) -> AsyncIterator[Transport]:
-    async with kind.make() as t:
-        yield t
-
-
-@pytest.fixture
 def backend(redis_cluster: RedisClusterServers, tmp_path: Path) -> Backend:
     url, prefix = redis_cluster.url, f"test-{uuid.uuid4().hex[:12]}"
     return Backend("redis", lambda: RedisCheckpointStore(url, prefix=prefix), durable=True,
                    retained=lambda s: RedisCheckpointStore(url, prefix=prefix, retention_s=s))
-
-
-@pytest.fixture
-async def store(backend: Backend) -> AsyncIterator[CheckpointStore]:
-    async with backend.make() as s:
-        yield s
-
-
-@pytest.fixture
-async def peer(backend: Backend, store: CheckpointStore) -> AsyncIterator[CheckpointStore]:
-    """A second worker's store on the same data."""
-    async with backend.make() as other:
-        yield other
