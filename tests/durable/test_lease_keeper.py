@@ -1,6 +1,5 @@
 """The lease keeper with thousands of debates in flight: every lease renewed each ttl/3, a chunk
-of them at a time rather than a task for each at once, and a slow store does not hold back the
-last chunk."""
+of them at a time rather than a task for each at once."""
 
 from __future__ import annotations
 
@@ -48,39 +47,3 @@ async def test_thousands_of_leases_are_all_renewed_a_chunk_at_a_time() -> None:
     assert set(store.renewed) == set(owners)
     assert 0 < store.most <= 1_000
     assert not keeper.lost and not keeper.failing
-
-
-class SlowStore:
-    """Answers every renewal after ``delay_s``; records when each renewal began."""
-
-    def __init__(self, delay_s: float, leases: int) -> None:
-        self.delay_s = delay_s
-        self.began: list[float] = []
-        self.leases = leases
-        self.all_began = asyncio.Event()
-
-    async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
-        self.began.append(asyncio.get_running_loop().time())
-        if len(self.began) == self.leases:
-            self.all_began.set()
-        await asyncio.sleep(self.delay_s)
-        return True
-
-
-async def test_a_slow_store_delays_the_last_chunk_by_a_sixth_of_the_ttl_at_most() -> None:
-    # 3 chunks; each renewal takes 1.5 s, longer than the whole ttl: waiting for one chunk before
-    # starting the next (or a second per chunk) would start the last chunk's leases too late.
-    owners = [f"owner-{i}" for i in range(2_500)]
-    store, ttl = SlowStore(1.5, len(owners)), 0.6
-    keeper = LeaseKeeper(store, ttl_s=ttl)  # type: ignore[arg-type]  # renew_lease is all it uses
-    run: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(60))
-    for owner in owners:
-        keeper.track(owner, f"debate-{owner}", run)
-    try:
-        await asyncio.wait_for(store.all_began.wait(), 5)
-        await asyncio.sleep(1.6)  # the renewals end: nothing left under way when the test does
-    finally:
-        for owner in owners:
-            keeper.untrack(owner)
-        run.cancel()
-    assert store.began[-1] - store.began[0] <= ttl / 6 + 0.05

@@ -123,23 +123,16 @@ class LeaseKeeper:
     async def _renew_all(self, held: list[tuple[str, tuple[str, asyncio.Task[Any]]]]) -> None:
         """Concurrently: one slow renewal must not delay the others past their expiry. A chunk
         at a time (the store pipelines each), not a task for every lease at once (with thousands
-        of debates in flight, that was megabytes every ttl/3); a chunk still going after its share
-        of ttl/6 (at most a second) overlaps the next, so a slow store delays the last chunk by
-        ttl/6 at most. (A method of its own: ``held`` must not outlive the round, keeping
+        of debates in flight, that was megabytes every ttl/3); a chunk still going after a second
+        overlaps the next. (A method of its own: ``held`` must not outlive the round, keeping
         finished runs.)"""
         going: set[asyncio.Future[list[None]]] = set()
-        chunks = range(0, len(held), _RENEWALS_AT_ONCE)
-        pause = min(1.0, self.ttl_s / 6 / max(1, len(chunks)))
-        try:
-            for start in chunks:
-                going.add(asyncio.gather(*(self._renew(owner, debate_id, run) for owner, (
-                    debate_id, run) in held[start:start + _RENEWALS_AT_ONCE])))
-                _, going = await asyncio.wait(going, timeout=pause)
-            if going:
-                await asyncio.wait(going)
-        finally:  # stopped (the worker's shutdown): no renewal outlives the keeper's loop
-            for chunk in going:
-                chunk.cancel()
+        for start in range(0, len(held), _RENEWALS_AT_ONCE):
+            going.add(asyncio.gather(*(self._renew(owner, debate_id, run) for owner, (
+                debate_id, run) in held[start:start + _RENEWALS_AT_ONCE])))
+            _, going = await asyncio.wait(going, timeout=1.0)
+        if going:
+            await asyncio.wait(going)
 
     async def _renew(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
         try:
