@@ -34,9 +34,12 @@ def new_event_type() -> str:
 
 
 def scripted_llm() -> FunctionLLM:
-    """Consensus at round 2; participants fail on a doomed topic (framing still succeeds)."""
+    """Consensus at round 2; participants fail on a doomed topic (framing still succeeds). Each
+    call waits (for nothing), as a model's does: that is when a durable debate's commits are
+    written (group commit), so ``FlakyStore`` sees them."""
 
-    def answer(request: LLMRequest) -> Any:
+    async def answer(request: LLMRequest) -> Any:
+        await asyncio.sleep(0)
         if request.purpose == "judge":
             return {"consensus": request.round >= 2, "summary": f"after round {request.round}"}
         if DOOMED in request.prompt and request.purpose not in ("framing", "synthesis"):

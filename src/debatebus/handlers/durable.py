@@ -1,9 +1,10 @@
 """Durable debates: per-round checkpoints, resume on any worker, leases and idempotent results.
 
-The round is the retry unit: a round is committed (appended to the store) before the next starts,
-so a crash re-runs at most the round in progress. A finished debate's result is stored by debate id
-and every later delivery of it — redelivery, duplicate publish, ops replay — gets the stored result
-with zero LLM calls, provided it asks the same question (see ``checkpointing``).
+The round is the retry unit: each step (the framing, every round) is committed to the store as the
+debate goes on, so a crash re-runs at most the step in progress, and the one before it if its
+write was still on the wire (``_Commits``: group commit). A finished debate's result is stored by
+debate id and every later delivery of it — redelivery, duplicate publish, ops replay — gets the
+stored result with zero LLM calls, provided it asks the same question (see ``checkpointing``).
 
 Each run takes the debate's lease under an owner of its own (never shared by two runs, even in one
 process), so two copies of a request can never both hold it: the second waits for the first's
@@ -35,7 +36,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from debatebus.backoff import Backoff
-from debatebus.checkpoints.base import CheckpointStore, Opening, retention_kw
+from debatebus.checkpoints.base import CheckpointStore, Counters, Opening, retention_kw
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import Progress
 from debatebus.engine.run import OnEvent
@@ -207,7 +208,13 @@ class DurableRunner:
             del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
                 return failure_fields(debate_id, progress)
-            fields = await self._run_leased(ask, owner, on_event, progress, children)
+            commits = _Commits(self, debate_id, progress)
+            try:
+                fields = await self._run_leased(ask, owner, on_event, commits, children)
+            except BaseException:
+                await commits.close(superseded=False)
+                raise
+            await commits.close(superseded=True)
             if expired:
                 fields[RESULT_EXPIRED] = True
             result = encode_result(fields, ask.fingerprint)
@@ -264,16 +271,14 @@ class DurableRunner:
             return None
         return restore_progress(checkpoint, self.debate.spec)
 
-    async def append(self, debate_id: str, entries: list[bytes], state: Progress) -> None:
+    async def append(self, debate_id: str, entries: list[bytes], counters: Counters) -> None:
         """Commit ``entries`` of a debate, with its counters, riding out a store outage."""
         await self._patient(lambda: self.store.append_many(
-            debate_id, entries, counters_of(state), **self._retention))
+            debate_id, entries, counters, **self._retention))
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
-                          progress: Progress | None,
-                          children: BusChildren | None) -> dict[str, Any]:
+                          commits: _Commits, children: BusChildren | None) -> dict[str, Any]:
         debate_id = ask.debate_id
-        commits = _Commits(self, debate_id, progress)
         if children is not None:
             children = replace(children, store=self.store, commit=commits.commit_child)
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
@@ -284,48 +289,124 @@ class DurableRunner:
         try:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
-                resume=progress, on_commit=commits.commit, request_id=ask.request_id,
+                resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
                 children=children, depth=ask.depth)
         except asyncio.CancelledError:
-            if self.keeper.untrack(owner) and task.uncancel() == 0:
-                raise _lease_lost(debate_id) from None
+            if self.keeper.untrack(owner):
+                commits.lost = True
+                if task.uncancel() == 0:
+                    raise _lease_lost(debate_id) from None
             raise
         except Exception:
             self.keeper.untrack(owner)  # or its lease would be renewed, and waited on, forever
             raise
         if self.keeper.untrack(owner):  # lost as the debate ended: don't publish it
+            commits.lost = True
             raise _lease_lost(debate_id)
         return result_fields(result)
 
 
 class _Commits:
-    """A run's commits of its framing, rounds and children's records: one small object per
-    debate in flight (not a closure each, with their cells)."""
+    """A run's commits of its framing, rounds and children's records, written behind the debate
+    (group commit): a commit is queued, and one writer task appends everything queued as one
+    store call once the debate waits (on a model call). So a debate never waits on its store
+    between rounds, and commits queued while a write is on the wire go out together with the next.
 
-    __slots__ = ("committed", "debate_id", "runner")
+    - **Bounded**: a commit made while a write is still on the wire waits for it (and for its own
+      write), so at most one step's commit is unconfirmed while the debate goes on, and a store
+      outage stops the debate at its next commit instead of letting it spend calls.
+    - **Superseded**: ``close(finished=True)`` drops what the writer has not sent: the result
+      ``finish`` stores replaces the checkpoint. (A debate that never waits between its steps,
+      e.g. on an instant model, writes no checkpoint at all.)
+    - **Failures**: a write that failed (after ``store_outage_s``) fails the run at its next
+      commit, or at ``close``.
+    - A child's record is written before its request is published (``commit_child`` waits).
+
+    One small object per debate in flight, not a closure each."""
+
+    __slots__ = ("committed", "counters", "debate_id", "error", "lost", "pending", "progress",
+                 "runner", "writer", "writing")
 
     def __init__(self, runner: DurableRunner, debate_id: str, progress: Progress | None) -> None:
         self.runner = runner
         self.debate_id = debate_id
+        self.progress = progress  # what the run resumes from (None: fresh)
         # Each child's last committed status (a resumed run's, from its checkpoint).
         self.committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
+        self.pending: list[Turn | Round | SubDebateRecord] = []
+        self.counters = Counters()  # the progress's counters as of the newest pending entry
+        self.writer: asyncio.Task[None] | None = None
+        self.writing = False  # the writer's store call is on the wire
+        self.error: Exception | None = None
+        self.lost = False  # the lease was lost: write nothing more
 
     async def commit(self, state: Progress, item: Turn | Round) -> None:
-        """The framing and every round are written before the debate goes on, so a crash costs
-        at most the calls of the step it interrupted. A round goes with the final records of
-        the children whose outcome it used."""
-        committed = self.committed
-        ended = [r for r in state.sub_debates if committed.get(r.child_id) != r.status]
-        committed.update((r.child_id, r.status) for r in ended)
-        await self.runner.append(self.debate_id, [*map(encode_entry, ended), encode_entry(item)],
-                                 state)
+        """Queue the framing or a round, with the final records of the children whose outcome
+        it used."""
+        if state.sub_debates:
+            committed = self.committed
+            ended = [r for r in state.sub_debates if committed.get(r.child_id) != r.status]
+            committed.update((r.child_id, r.status) for r in ended)
+            self.pending.extend(ended)
+        self.pending.append(item)
+        await self._queued(state)
 
     async def commit_child(self, record: SubDebateRecord, state: Progress) -> bool:
         if record.child_id in self.committed:
             return False
         self.committed[record.child_id] = record.status
-        await self.runner.append(self.debate_id, [encode_entry(record)], state)
+        self.pending.append(record)
+        await self._queued(state)
+        await self._settled()
         return True
+
+    async def _queued(self, state: Progress) -> None:
+        self.counters = counters_of(state)
+        self.check()
+        if self.writing:  # the previous write is still on the wire: wait (this one goes next)
+            await self._settled()
+        elif self.writer is None:
+            self.writer = asyncio.create_task(self._write())
+
+    async def _settled(self) -> None:
+        """Wait until the writer has written everything queued; raise what it failed with."""
+        if self.writer is not None:
+            await asyncio.wait((self.writer,))
+        self.check()
+
+    async def _write(self) -> None:
+        try:
+            while self.pending and not self.lost:
+                items, self.pending = self.pending, []
+                self.writing = True
+                await self.runner.append(self.debate_id, [*map(encode_entry, items)],
+                                         self.counters)
+        except Exception as e:  # the run raises it at its next commit, or at its end
+            self.error = e
+        finally:
+            self.writing, self.writer = False, None
+
+    def check(self) -> None:
+        """Raise what a write failed with: the run fails, as it would have at an awaited commit."""
+        if self.error is not None:
+            raise self.error
+
+    async def close(self, *, superseded: bool) -> None:
+        """The run is over. Finished (``superseded``): what the writer has not sent is dropped,
+        since the result replaces the checkpoint, and a failed write fails the run. Failed: what
+        is queued is still written, for the delivery that resumes it; after a lost lease, nothing
+        more. Either way a write on the wire is waited for, so nothing of this run's lands after
+        its lease is released."""
+        if superseded or self.lost:
+            self.pending = []
+        writer = self.writer
+        if writer is not None and (self.writing or self.pending):
+            if self.lost:
+                writer.cancel()
+            await asyncio.wait((writer,))
+        # (A writer that has not started ends at its first step: nothing is left for it.)
+        if superseded:
+            self.check()
 
 
 def _lease_lost(debate_id: str) -> LeaseLostError:
