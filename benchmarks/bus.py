@@ -118,6 +118,10 @@ DEBATEBUS = ["-m", "debatebus", "worker", "benchmarks.bus_apps:debatebus_app"]
 #: checkpoints in the broker's Redis) and the same handler with ``durable=False``.
 DEFAULT = "debatebus Redis Streams (default: durable)"
 PLAIN = "debatebus Redis Streams durable=False"
+#: The same two with a model whose every call waits (for nothing), as a real one does: a durable
+#: debate's commits are written while it waits (group commit), so only these pay for them all.
+DEFAULT_WAITS = "debatebus default (model waits)"
+PLAIN_WAITS = "debatebus durable=False (model waits)"
 LOG = Path(os.environ.get("BENCH_LOG", "/tmp/debatebus-bench-workers.log"))
 
 
@@ -327,6 +331,11 @@ async def main() -> None:
             PLAIN, url, DEBATEBUS, {"BENCH_BROKER": url, "BENCH_DURABLE": "0"}, n, k)),
         (DEFAULT, lambda: redis_streams_run(
             DEFAULT, url, DEBATEBUS, {"BENCH_BROKER": url}, n, k)),
+        (PLAIN_WAITS, lambda: redis_streams_run(
+            PLAIN_WAITS, url, DEBATEBUS,
+            {"BENCH_BROKER": url, "BENCH_DURABLE": "0", "BENCH_LLM_WAITS": "1"}, n, k)),
+        (DEFAULT_WAITS, lambda: redis_streams_run(
+            DEFAULT_WAITS, url, DEBATEBUS, {"BENCH_BROKER": url, "BENCH_LLM_WAITS": "1"}, n, k)),
         ("debatebus Redis Streams + memory checkpoints", lambda: redis_streams_run(
             "debatebus Redis Streams + memory checkpoints", url, DEBATEBUS,
             {"BENCH_BROKER": url, "BENCH_STORE": "memory://"}, n, k)),
@@ -387,6 +396,10 @@ def _ratios(by: dict[str, Figures]) -> None:
     if default and plain:
         print(f"durability cost: {100 * (1 - default.per_s / plain.per_s):.0f}% of throughput "
               "against durable=False (target ≤ 35%)")
+    waits, plain_waits = by.get(DEFAULT_WAITS), by.get(PLAIN_WAITS)
+    if waits and plain_waits:
+        print(f"durability cost when every commit is written (model waits): "
+              f"{100 * (1 - waits.per_s / plain_waits.per_s):.0f}%")
 
 
 def _paired_cost(runs: dict[str, list[Figures]]) -> None:

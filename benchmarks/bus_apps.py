@@ -32,11 +32,22 @@ class InstantLLM:
         return self._verdict if request.response_schema is not None else self._text
 
 
-def instant_debate() -> Debate:
+class WaitingLLM(InstantLLM):
+    """As instant, but each call waits (for nothing) as a real model call does: that is when a
+    durable debate's commits are written (group commit), so with it every commit costs what it
+    does in production."""
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        await asyncio.sleep(0)
+        return await super().complete(request)
+
+
+def instant_debate(*, waits: bool = False) -> Debate:
     return Debate(
         "bench-debate",
         [Participant(n, f"You are {n}.") for n in ("optimist", "critic", "pragmatist")],
-        llm=InstantLLM(), moderator=Participant("moderator", "Moderate."), judge=Judge(),
+        llm=WaitingLLM() if waits else InstantLLM(),
+        moderator=Participant("moderator", "Moderate."), judge=Judge(),
         max_rounds=3,
     )
 
@@ -44,7 +55,8 @@ def instant_debate() -> Debate:
 def debatebus_app() -> Any:
     """``debatebus worker benchmarks.bus_apps:debatebus_app`` — env BENCH_BROKER; BENCH_STORE
     names an explicit store, BENCH_DURABLE=0 turns durability off; neither: the default handler
-    (durable, with the store the bus derives from its broker URL)."""
+    (durable, with the store the bus derives from its broker URL). BENCH_LLM_WAITS=1: each model
+    call waits, as a real one does (``WaitingLLM``)."""
     from debatebus.worker import DebateBus
 
     url = os.environ["BENCH_BROKER"]
@@ -62,7 +74,8 @@ def debatebus_app() -> Any:
     # requests waiting (with 16, a durable debate's store round trips would idle it).
     bus = DebateBus(url, concurrency=int(os.environ.get("BENCH_CONCURRENCY", "64")),
                     transport_options=transport)
-    bus.subscribe(REQUESTS, instant_debate().as_handler(**options))
+    debate = instant_debate(waits=os.environ.get("BENCH_LLM_WAITS") == "1")
+    bus.subscribe(REQUESTS, debate.as_handler(**options))
     return bus
 
 

@@ -377,10 +377,10 @@ class _Commits:
     async def _write(self) -> None:
         try:
             while self.pending and not self.lost:
-                items, self.pending = self.pending, []
+                entries, counters = [*map(encode_entry, self.pending)], self.counters
+                self.pending = []
                 self.writing = True
-                await self.runner.append(self.debate_id, [*map(encode_entry, items)],
-                                         self.counters)
+                await self.runner.append(self.debate_id, entries, counters)
         except Exception as e:  # the run raises it at its next commit, or at its end
             self.error = e
         finally:
