@@ -78,9 +78,11 @@ def committed_round_reruns(path: Path, interruptions: int = 1) -> dict[str, dict
     """Debates whose calls show a committed round run again, by question.
 
     Each (purpose, round, speaker) call of a debate is made once. A debate interrupted mid-round
-    (by a broker outage or a killed worker) may repeat the calls of the round it was in, since
-    that round was never committed: at most ``interruptions`` distinct rounds may repeat, each
-    call at most ``1 + interruptions`` times. Anything more re-ran a committed round.
+    (by a broker outage or a killed worker) may repeat the calls of the step it was in, since that
+    step was never committed, and of the step before it when that step's write was still on the
+    wire (group commit writes a step while the next one's first call is under way): per
+    interruption at most two distinct steps, one right after the other, may repeat, each call at
+    most ``1 + interruptions`` times. Anything more re-ran a committed round.
     """
     per_debate: dict[str, Counter[tuple[str, int, str]]] = {}
     for call in read_calls(path):
@@ -89,8 +91,10 @@ def committed_round_reruns(path: Path, interruptions: int = 1) -> dict[str, dict
     bad: dict[str, dict[str, Any]] = {}
     for question, counts in per_debate.items():
         repeated = {k: n for k, n in counts.items() if n > 1}
-        rounds = {r for (_, r, _) in repeated}
-        if len(rounds) > interruptions or any(n > 1 + interruptions for n in repeated.values()):
+        rounds = sorted({r for (_, r, _) in repeated})
+        runs = sum(1 for i, r in enumerate(rounds) if i == 0 or r - rounds[i - 1] > 1)
+        if (len(rounds) > 2 * interruptions or runs > interruptions
+                or any(n > 1 + interruptions for n in repeated.values())):
             bad[question] = {"repeated calls": repeated, "calls": sum(counts.values())}
     return bad
 
