@@ -43,15 +43,26 @@ class Round(msgspec.Struct, kw_only=True):
         return {t.speaker: t.text for t in self.turns if not t.failed}
 
 
+#: Line breaks other than "\n" that ``str.splitlines`` also splits at.
+_OTHER_BREAKS = re.compile("[\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
 # A turn is shown as reported speech with its text quoted line by line, not as ``[name]: text``
 # script lines: small models continue a script by writing the next speaker's line themselves.
+# (Every prompt renders the turns again: with "\n" breaks only, one replace quotes them all.)
 def _render_turn(turn: Turn) -> str:
-    quoted = "\n".join(f"> {line}" for line in turn.text.strip().splitlines())
-    return f"{turn.speaker} said:\n{quoted}" if quoted else f"{turn.speaker} said nothing."
+    text = turn.text.strip()
+    if not text:
+        return f"{turn.speaker} said nothing."
+    if _OTHER_BREAKS.search(text) is None:
+        quoted = "> " + text.replace("\n", "\n> ")
+    else:
+        quoted = "\n".join([f"> {line}" for line in text.splitlines()])
+    return f"{turn.speaker} said:\n{quoted}"
 
 
 def _render_turns(turns: Iterable[Turn]) -> str:
-    return "\n".join(_render_turn(t) for t in turns if not t.failed)
+    return "\n".join([_render_turn(t) for t in turns if not t.failed])
 
 
 def render_round(rnd: Round) -> str:
