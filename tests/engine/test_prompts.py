@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hypothesis
+import hypothesis.strategies
+
 from debatebus import Debate, Judge, Participant
 from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Prompts, Utility
+from debatebus.engine.transcript import Round, Turn, render_round
 
 NAMES = ("alice", "bob")
 NASTY_TOPIC = "Summarize {input} and {{ x }} then {0} {question} {} {{{speaker}}} }{ %s $x"
@@ -216,3 +220,13 @@ async def test_every_prompt_can_be_overridden(make_stage):
     )
     await d.run("T")
     assert {(r.purpose, r.prompt) for r in stage.requests} == {(n, f"{n} T") for n in names}
+
+
+@hypothesis.given(hypothesis.strategies.lists(hypothesis.strategies.sampled_from(
+    ["a", "b c", " ", "\t", ">", "\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x85", "\u2028"]),
+    max_size=20).map("".join))
+def test_a_turn_is_quoted_line_by_line_whatever_its_line_breaks(text: str) -> None:
+    rendered = render_round(Round(number=1, turns=[Turn(speaker="ann", round=1, text=text)]))
+    lines = text.strip().splitlines()
+    quoted = "\n".join(f"> {line}" for line in lines)
+    assert rendered == ("Round 1:\n" + (f"ann said:\n{quoted}" if lines else "ann said nothing."))
