@@ -4,6 +4,7 @@ of them at a time rather than a task for each at once."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from debatebus.handlers.durable import LeaseKeeper
@@ -47,3 +48,44 @@ async def test_thousands_of_leases_are_all_renewed_a_chunk_at_a_time() -> None:
     assert set(store.renewed) == set(owners)
     assert 0 < store.most <= 1_000
     assert not keeper.lost and not keeper.failing
+
+
+class SlowStore:
+    """Each renewal takes ``delay_s``; records when each of ``watched`` was renewed, and says
+    when both were renewed three times."""
+
+    def __init__(self, delay_s: float, watched: tuple[str, str]) -> None:
+        self.delay_s = delay_s
+        self.times: dict[str, list[float]] = {owner: [] for owner in watched}
+        self.seen_enough = asyncio.Event()
+
+    async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
+        await asyncio.sleep(self.delay_s)
+        if owner in self.times:
+            self.times[owner].append(asyncio.get_running_loop().time())
+            if min(map(len, self.times.values())) >= 3:
+                self.seen_enough.set()
+        return True
+
+
+async def test_with_a_slow_store_a_lease_is_renewed_every_round_not_every_ttl_third_plus_round(
+) -> None:
+    """3 chunks of 1,000 leases, each chunk 0.4 s to renew: a round takes 1.2 s, as long as ttl/3.
+    Each lease must be renewed about every 1.2 s, not every 2.4 s (ttl/3 waited after each
+    round), which with a shorter ttl would let leases expire while their debates run."""
+    owners = [f"owner-{i}" for i in range(3_000)]
+    store = SlowStore(0.4, (owners[0], owners[-1]))
+    keeper = LeaseKeeper(store, ttl_s=3.6)  # type: ignore[arg-type]  # renew_lease is all it uses
+    run: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(60))
+    for owner in owners:
+        keeper.track(owner, f"debate-{owner}", run)
+    try:
+        await asyncio.wait_for(store.seen_enough.wait(), 30)
+    finally:
+        for owner in owners:
+            keeper.untrack(owner)
+        run.cancel()
+    for owner in (owners[0], owners[-1]):
+        times = store.times[owner]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        assert max(gaps) < 2.0, (owner, gaps)  # at least 2.4 s before: ttl/3 after a 1.2 s round

@@ -117,8 +117,15 @@ class LeaseKeeper:
         return False
 
     async def _renew_forever(self) -> None:
+        """A round of renewals every ttl/3 from the start of the one before, or right after it
+        when it took longer: with a slow store, a lease is renewed every round's length, not
+        every ttl/3 plus a round's length (which could outlast its ttl)."""
+        loop = asyncio.get_running_loop()
+        period = self.ttl_s / 3
+        due = loop.time() + period
         while self.held:
-            await asyncio.sleep(self.ttl_s / 3)
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            due = loop.time() + period
             await self._renew_all(list(self.held.items()))
 
     async def _renew_all(self, held: list[tuple[str, tuple[str, asyncio.Task[Any]]]]) -> None:
