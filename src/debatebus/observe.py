@@ -43,6 +43,12 @@ class Observer:
     def debate_event(self, ctx: RequestContext, event: DebateEvent) -> None:
         """An engine event of the debate this request runs (in order, per debate)."""
 
+    def debate_event_types(self) -> frozenset[type[DebateEvent]] | None:
+        """The kinds of event ``debate_event`` reads, asked as each request starts: the engine
+        builds no other kind for it (unless another observer, or ``debate:events``, wants it).
+        None, the default: every kind."""
+        return None
+
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
                          result: HandlerResult | None, duration_s: float) -> None:
         """The delivery was settled with this outcome and ``result`` (its published fields and
@@ -73,6 +79,15 @@ class _Many(Observer):
     def debate_event(self, ctx: RequestContext, event: DebateEvent) -> None:
         for o in self.observers:
             o.debate_event(ctx, event)
+
+    def debate_event_types(self) -> frozenset[type[DebateEvent]] | None:
+        wanted: set[type[DebateEvent]] = set()
+        for o in self.observers:
+            types = o.debate_event_types()
+            if types is None:
+                return None
+            wanted |= types
+        return frozenset(wanted)
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
                          result: HandlerResult | None, duration_s: float) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Final
 import msgspec
 
 from debatebus.backoff import Backoff
-from debatebus.engine.run import OnEvent
+from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
 from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult
 from debatebus.handlers.results import failure_fields
@@ -168,7 +168,7 @@ class Settler:
         if not await self.transport.dialect.claim(delivery, request.request_id):
             return _LEFT_ALONE
         handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery,
-                                  self.transport)
+                                  self.transport, self._event_types(ctx))
         try:
             result = await route.handle(request.payload, handling)
         except InputError as exc:
@@ -244,6 +244,13 @@ class Settler:
                 log.warning("gave up settling %s %s with its %s after %d failed attempts: released",
                             delivery.topic, delivery.id, what, failures)
             raise
+
+    def _event_types(self, ctx: RequestContext | None) -> EventTypes:
+        """The kinds of event ``_on_event``'s callback takes: every kind for ``debate:events``,
+        else what the observers read."""
+        if self.publish_events or self.observer is None or ctx is None:
+            return None
+        return self.observer.debate_event_types()
 
     def _on_event(self, request: Envelope, ctx: RequestContext | None) -> OnEvent | None:
         """The debate's event callback: observers see events, ``debate:events`` carries them."""

@@ -219,3 +219,30 @@ async def test_verdict_events_carry_json_ready_verdicts(make_stage, events):
     (verdict,) = events.of(ev.VerdictReached)
     assert Verdict.model_validate(verdict.verdict).consensus is True
     assert verdict.usage.total_tokens > 0
+
+
+async def test_a_run_builds_only_the_kinds_of_event_its_listener_takes() -> None:
+    """``event_types`` filters before anything is built: the listener gets just those kinds,
+    numbered without gaps, and the debate is the same."""
+    def answer(request: LLMRequest) -> object:
+        if request.response_schema is not None:
+            return Verdict(consensus=False, summary="go on")
+        if request.speaker == "bob" and request.round == 2:
+            raise RuntimeError("bob's model is down")
+        return f"{request.speaker} speaks"
+
+    def debate() -> Debate:
+        return Debate("style", people(), llm=FunctionLLM(answer), judge=Judge(),
+                      moderator=Participant("moderator", "M"), max_rounds=3)
+
+    every: list[ev.DebateEvent] = []
+    some: list[ev.DebateEvent] = []
+    full = await debate().run(TOPIC, on_event=every.append)
+    kinds = frozenset((ev.DebateStarted, ev.TurnFailed, ev.DebateCompleted))
+    filtered = await debate().run(TOPIC, on_event=some.append, event_types=kinds)
+    assert len(every) > len(some) == 3
+    assert [type(e) for e in some] == [ev.DebateStarted, ev.TurnFailed, ev.DebateCompleted]
+    assert [e.seq for e in some] == [1, 2, 3]
+    assert (filtered.output, filtered.token_usage, filtered.calls) == (
+        full.output, full.token_usage, full.calls)
+    assert [type(e) for e in every if type(e) in kinds] == [type(e) for e in some]

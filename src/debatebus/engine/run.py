@@ -19,9 +19,11 @@ from debatebus.llm.base import LLMRequest
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
-__all__ = ["OnCommit", "OnEvent", "Run"]
+__all__ = ["EventTypes", "OnCommit", "OnEvent", "Run"]
 
 OnEvent = Callable[[ev.DebateEvent], Awaitable[None] | None]
+#: The kinds of event an ``OnEvent`` takes: the run builds no other. None: every kind.
+EventTypes = frozenset[type[ev.DebateEvent]] | None
 OnCommit = Callable[[Progress, Turn | Round], Awaitable[None]]
 
 
@@ -32,8 +34,8 @@ class Run:
     its own state only (the transcript once, as turns; prompts are rendered from it per call),
     and reads everything its debate fixes from the spec."""
 
-    __slots__ = ("debate_id", "max_rounds", "on_commit", "on_event", "progress", "question",
-                 "request_id", "resumed_from", "seq", "spec", "started")
+    __slots__ = ("debate_id", "event_types", "max_rounds", "on_commit", "on_event", "progress",
+                 "question", "request_id", "resumed_from", "seq", "spec", "started")
 
     def __init__(
         self,
@@ -46,12 +48,14 @@ class Run:
         resume: Progress | None = None,
         request_id: str | None = None,
         max_rounds: int | None = None,
+        event_types: EventTypes = None,
     ) -> None:
         self.spec = spec
         self.question = question
         self.debate_id = debate_id
         self.request_id = request_id
         self.on_event = on_event
+        self.event_types = event_types
         self.on_commit = on_commit
         self.progress = (
             Progress(resume.framing, list(resume.rounds), resume.usage, resume.calls)
@@ -65,14 +69,21 @@ class Run:
 
     # ---- events -------------------------------------------------------------------------------
 
+    def wants(self, event_type: type[ev.DebateEvent]) -> bool:
+        """Whether anyone takes ``event_type``: a step whose event costs something to build
+        (a verdict's dump) asks first."""
+        return self.on_event is not None and (
+            self.event_types is None or event_type in self.event_types)
+
     async def emit(self, event_type: type[Any], **fields: Any) -> None:
-        if self.on_event is None:
+        on_event = self.on_event
+        if on_event is None or not self.wants(event_type):
             return
         self.seq += 1
         event = event_type(
             debate_id=self.debate_id, seq=self.seq, request_id=self.request_id, **fields
         )
-        handled = self.on_event(event)
+        handled = on_event(event)
         if inspect.isawaitable(handled):
             await handled
 

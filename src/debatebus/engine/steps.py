@@ -137,7 +137,7 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
                 f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
             ) from exc
         return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
-    if run.on_event is not None:
+    if run.wants(ev.TurnCompleted):
         await run.emit(
             ev.TurnCompleted,
             speaker=who.name,
@@ -206,7 +206,7 @@ async def judge(run: Run, rnd: Round, transcript: str) -> BaseModel:
             verdict = parse_verdict(judge.schema, response.text, model_of(run.spec, response, judge))
         except LLMError as exc:
             raise DebateFailure(str(exc)) from exc
-    if run.on_event is not None:  # dumping a verdict costs more than the rest of a call
+    if run.wants(ev.VerdictReached):  # dumping a verdict costs more than the rest of a call
         await run.emit(
             ev.VerdictReached,
             round=rnd.number,
@@ -237,7 +237,8 @@ async def synthesize(run: Run, call: SynthesisCall) -> Turn:
 
 async def start_round(run: Run, number: int, phase: str) -> TokenUsage:
     """Announce a round; the usage so far, from which the round's own usage is counted."""
-    await run.emit(ev.RoundStarted, round=number, phase=phase)
+    if run.wants(ev.RoundStarted):  # asked first: no coroutine for an event nobody takes
+        await run.emit(ev.RoundStarted, round=number, phase=phase)
     return run.progress.usage
 
 
@@ -247,7 +248,8 @@ async def finish_round(run: Run, rnd: Round, usage_before: TokenUsage, *, judged
         rnd.verdict = await judge(run, rnd, run.full_transcript(render_round(rnd)))
     rnd.usage = run.progress.usage - usage_before
     await run.commit_round(rnd)
-    await run.emit(ev.RoundCompleted, round=rnd.number, phase=rnd.phase, usage=rnd.usage)
+    if run.wants(ev.RoundCompleted):
+        await run.emit(ev.RoundCompleted, round=rnd.number, phase=rnd.phase, usage=rnd.usage)
 
 
 async def emit_phi(run: Run, phi_hat: float | None) -> None:

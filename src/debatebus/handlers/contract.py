@@ -19,7 +19,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from debatebus.engine.run import OnEvent
+from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import ConfigError
 from debatebus.transports.base import Delivery, Transport
 
@@ -65,13 +65,15 @@ current_slot: ContextVar[Slot | None] = ContextVar("debatebus_slot", default=Non
 @dataclass(frozen=True, slots=True)
 class HandlerContext:
     """What a handler may need besides the payload: the request's id, where the debate's events
-    go (None: nobody listens), the delivery being handled (event type, id, delivery count) and
-    the transport it came from, to publish and subscribe on (sub-debates do; None: no bus)."""
+    go (None: nobody listens), the delivery being handled (event type, id, delivery count), the
+    transport it came from, to publish and subscribe on (sub-debates do; None: no bus), and the
+    kinds of event ``on_event`` takes (None: all; the engine builds no other)."""
 
     request_id: str
     on_event: OnEvent | None
     delivery: Delivery
     transport: Transport | None = None
+    event_types: EventTypes = None
 
     @contextlib.asynccontextmanager
     async def waiting(self) -> AsyncIterator[None]:

@@ -39,7 +39,7 @@ from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore, Counters, Opening, retention_kw
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import Progress
-from debatebus.engine.run import OnEvent
+from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import LeaseLostError, TransportError
@@ -197,9 +197,11 @@ class DurableRunner:
         return f"{self._runs_prefix}{secrets.token_hex(6)}"
 
     async def run(self, ask: Ask, on_event: OnEvent | None,
-                  children: BusChildren | None = None) -> dict[str, Any]:
+                  children: BusChildren | None = None,
+                  event_types: EventTypes = None) -> dict[str, Any]:
         """The debate's result fields: stored, or from a run (resumed from its checkpoint).
-        ``children`` (on a bus) publishes its sub-debates, committing each before publishing."""
+        ``children`` (on a bus) publishes its sub-debates, committing each before publishing;
+        ``event_types``: the kinds of event ``on_event`` takes (None: all)."""
         debate_id, owner = ask.debate_id, self.run_owner()
         header = self._header(ask)
         encoded = encode_header(header)
@@ -217,7 +219,8 @@ class DurableRunner:
                 return failure_fields(debate_id, progress)
             commits = _Commits(self, debate_id, progress)
             try:
-                fields = await self._run_leased(ask, owner, on_event, commits, children)
+                fields = await self._run_leased(ask, owner, on_event, event_types, commits,
+                                                children)
             except BaseException:
                 await commits.close(superseded=False)
                 raise
@@ -284,7 +287,8 @@ class DurableRunner:
             debate_id, entries, counters, **self._retention))
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
-                          commits: _Commits, children: BusChildren | None) -> dict[str, Any]:
+                          event_types: EventTypes, commits: _Commits,
+                          children: BusChildren | None) -> dict[str, Any]:
         debate_id = ask.debate_id
         if children is not None:
             children = replace(children, store=self.store, commit=commits.commit_child)
@@ -297,7 +301,7 @@ class DurableRunner:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
-                children=children, depth=ask.depth)
+                children=children, depth=ask.depth, event_types=event_types)
         except asyncio.CancelledError:
             if self.keeper.untrack(owner):
                 commits.lost = True

@@ -254,12 +254,14 @@ class DebateHandler:
         between: the durable runner's, or (without a store) the debate's, read into fields."""
         debate = self.presets[ask.preset] if ask.preset is not None else self.debate
         children = _bus_children(debate, bus, on_event)
+        event_types = bus.event_types if bus is not None else None
         runner = self._runner_for(ask)
         if runner is not None:
-            return runner.run(ask, on_event, children)
+            return runner.run(ask, on_event, children, event_types)
         return _fields_of(debate.run(
             ask.question, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
             request_id=ask.request_id, children=children, depth=ask.depth,
+            event_types=event_types,
         ))
 
 

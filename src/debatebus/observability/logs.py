@@ -164,6 +164,8 @@ _QUIET_OUTCOMES: Final = ("completed", "replayed")
 _CALL_EVENTS: Final = (ev.FramingCompleted, ev.TurnCompleted, ev.SynthesisCompleted,
                        ev.VerdictReached)
 _DEBUG_EVENTS: Final = frozenset((ev.RoundCompleted, *_CALL_EVENTS))
+#: The events logged above DEBUG: a debate's start (when resumed or redelivered) and failed turns.
+_ABOVE_DEBUG: Final[frozenset[type[ev.DebateEvent]]] = frozenset((ev.DebateStarted, ev.TurnFailed))
 
 
 class LoggingObserver(Observer):
@@ -184,6 +186,10 @@ class LoggingObserver(Observer):
         # No line yet: the request id is only known once the envelope is decoded. The context is
         # what makes every later line of this task (and of the tasks it starts) carry the ids.
         _CURRENT.set(ctx)
+
+    def debate_event_types(self) -> frozenset[type[ev.DebateEvent]] | None:
+        # Unless DEBUG is on, the engine need not build the events logged only at DEBUG.
+        return None if self.log.isEnabledFor(logging.DEBUG) else _ABOVE_DEBUG
 
     def debate_event(self, ctx: RequestContext, event: ev.DebateEvent) -> None:
         # Called for every event of every debate: the common case (a DEBUG event while DEBUG is
