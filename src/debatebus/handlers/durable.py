@@ -326,7 +326,7 @@ class _Commits:
     - **Bounded**: a commit made while a write is still on the wire waits for it (and for its own
       write), so at most one step's commit is unconfirmed while the debate goes on, and a store
       outage stops the debate at its next commit instead of letting it spend calls.
-    - **Superseded**: ``close(finished=True)`` drops what the writer has not sent: the result
+    - **Superseded**: ``close(superseded=True)`` drops what the writer has not sent: the result
       ``finish`` stores replaces the checkpoint. (A debate that never waits between its steps,
       e.g. on an instant model, writes no checkpoint at all.)
     - **Failures**: a write that failed (after ``store_outage_s``) fails the run at its next
