@@ -32,19 +32,25 @@ class CountingStore:
         return True
 
 
-async def test_thousands_of_leases_are_all_renewed_a_chunk_at_a_time() -> None:
-    owners = [f"owner-{i}" for i in range(2_500)]
-    store = CountingStore(len(owners))
-    keeper = LeaseKeeper(store, ttl_s=0.3)  # type: ignore[arg-type]  # renew_lease is all it uses
+async def keep_until(keeper: LeaseKeeper, owners: list[str], done: asyncio.Event,
+                     timeout: float) -> None:
+    """Track a lease for each of ``owners`` (one stand-in run for all) until ``done``."""
     run: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(60))
     for owner in owners:
         keeper.track(owner, f"debate-{owner}", run)
     try:
-        await asyncio.wait_for(store.all_renewed.wait(), 10)
+        await asyncio.wait_for(done.wait(), timeout)
     finally:
         for owner in owners:
             keeper.untrack(owner)
         run.cancel()
+
+
+async def test_thousands_of_leases_are_all_renewed_a_chunk_at_a_time() -> None:
+    owners = [f"owner-{i}" for i in range(2_500)]
+    store = CountingStore(len(owners))
+    keeper = LeaseKeeper(store, ttl_s=0.3)  # type: ignore[arg-type]  # renew_lease is all it uses
+    await keep_until(keeper, owners, store.all_renewed, 10)
     assert set(store.renewed) == set(owners)
     assert 0 < store.most <= 1_000
     assert not keeper.lost and not keeper.failing
@@ -76,15 +82,7 @@ async def test_with_a_slow_store_a_lease_is_renewed_every_round_not_every_ttl_th
     owners = [f"owner-{i}" for i in range(3_000)]
     store = SlowStore(0.4, (owners[0], owners[-1]))
     keeper = LeaseKeeper(store, ttl_s=3.6)  # type: ignore[arg-type]  # renew_lease is all it uses
-    run: asyncio.Task[Any] = asyncio.create_task(asyncio.sleep(60))
-    for owner in owners:
-        keeper.track(owner, f"debate-{owner}", run)
-    try:
-        await asyncio.wait_for(store.seen_enough.wait(), 30)
-    finally:
-        for owner in owners:
-            keeper.untrack(owner)
-        run.cancel()
+    await keep_until(keeper, owners, store.seen_enough, 30)
     for owner in (owners[0], owners[-1]):
         times = store.times[owner]
         gaps = [b - a for a, b in itertools.pairwise(times)]
