@@ -160,11 +160,11 @@ def configure_logging(format: Literal["text", "json"] | str = "text", level: int
 # ---- the observer --------------------------------------------------------------------------------
 
 _QUIET_OUTCOMES: Final = ("completed", "replayed")
-#: Events that report one model call, and every event logged only at DEBUG.
+#: Events that report one model call (logged at DEBUG).
 _CALL_EVENTS: Final = (ev.FramingCompleted, ev.TurnCompleted, ev.SynthesisCompleted,
                        ev.VerdictReached)
-_DEBUG_EVENTS: Final = frozenset((ev.RoundCompleted, *_CALL_EVENTS))
 #: The events logged above DEBUG: a debate's start (when resumed or redelivered) and failed turns.
+#: Every other event is logged at DEBUG, or not at all.
 _ABOVE_DEBUG: Final[frozenset[type[ev.DebateEvent]]] = frozenset((ev.DebateStarted, ev.TurnFailed))
 
 
@@ -192,9 +192,9 @@ class LoggingObserver(Observer):
         return None if self.log.isEnabledFor(logging.DEBUG) else _ABOVE_DEBUG
 
     def debate_event(self, ctx: RequestContext, event: ev.DebateEvent) -> None:
-        # Called for every event of every debate: the common case (a DEBUG event while DEBUG is
-        # off) is one type test and one cached level check.
-        if type(event) in _DEBUG_EVENTS and not self.log.isEnabledFor(logging.DEBUG):
+        # Called for every event another observer reads too: the common case (an event not
+        # logged while DEBUG is off) is one type test and one cached level check.
+        if type(event) not in _ABOVE_DEBUG and not self.log.isEnabledFor(logging.DEBUG):
             return
         ctx.scratch.setdefault(_DEBATE_ID, event.debate_id)
         if isinstance(event, ev.DebateStarted):
