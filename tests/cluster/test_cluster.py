@@ -22,7 +22,7 @@ from debatebus.schemas.envelope import completed_topic
 from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.redis_cluster import cluster_key
-from debatebus.transports.redis_common import describe, split_cluster
+from debatebus.transports.redis_common import build_client, describe, split_cluster, split_seeds
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import dedupe_key, lock_key
@@ -239,3 +239,36 @@ def test_the_cluster_url_parameter() -> None:
         split_cluster("redis://:secret@h:7000/0?cluster=maybe")
     assert "secret" not in str(refused.value)
     assert describe("rediss://:secret@h:7000/0?cluster=true") == "h:7000 (cluster)"
+
+
+def test_a_cluster_url_names_several_seeds() -> None:
+    assert split_seeds("redis://:secret@h1:7000,h2:7001,[::1]/0?cluster=true") == (
+        "redis://:secret@h1:7000/0?cluster=true", [("h1", 7000), ("h2", 7001), ("::1", 6379)])
+    assert split_seeds("rediss://h1,:7001") == ("rediss://h1", [("h1", 6379), ("localhost", 7001)])
+    assert split_seeds("unix:///tmp/redis.sock") == ("unix:///tmp/redis.sock", [])
+    assert describe("redis://:secret@h1:7000,h2:7001/0?cluster=true") == "h1:7000 (cluster)"
+    for url, why in [("redis://:secret@h1:7000,h2:x/0?cluster=true", "seed 'h2:x'"),
+                     ("redis://:secret@h1:7000,h2:7001/0", "add \\?cluster=true")]:
+        with pytest.raises(ConfigError, match=why) as refused:
+            build_client(url, connect_timeout=1.0)
+        assert "secret" not in str(refused.value)
+    with pytest.raises(ConfigError, match="bad broker URL") as refused:
+        transport_from_url("redis://:secret@h1:7000,h2:99999/0?cluster=true")
+    assert "secret" not in str(refused.value)
+
+
+async def test_a_dead_first_seed_is_passed_over(redis_cluster: RedisClusterServers) -> None:
+    """The first seed does not answer (no server on its port): the next one is asked, and the
+    worker's path (streams, store) runs on the cluster it describes."""
+    live = redis_cluster.url.split("//", 1)[1].split("/", 1)[0]
+    url = f"redis://127.0.0.1:{free_port()},{live}/0?cluster=true"
+    topic = f"debate:{uuid.uuid4().hex[:8]}"
+    async with RedisStreamsTransport(url, claim_idle_ms=500, block_ms=100) as t:
+        consumer = Reader(t.consume([topic], group="g", consumer="c1"))
+        await t.publish(Outgoing(topic, b'{"requestId":"r1"}'))
+        [delivery] = await _settle_all(t, consumer, 1)
+        consumer.stop()
+    assert delivery.body == b'{"requestId":"r1"}'
+    sync = redis_cluster.client()
+    assert sync.xlen(f"event:{{{topic}}}:completed") == 1
+    assert sync.xpending(cluster_key(topic), "g")["pending"] == 0

@@ -38,11 +38,9 @@ def _scheme(url: str) -> str:
     """The URL's scheme, once its host and port parse: ConfigError (never the password) if not."""
     try:
         parts = urlsplit(url)
-        if parts.scheme == "kafka":  # kafka://host:port,host:port: one port per host
-            for host in parts.netloc.rpartition("@")[2].split(","):
-                _ = urlsplit(f"//{host}").port
-        else:
-            _ = parts.port  # reading it validates it
+        # one port per host: kafka://host:port,host:port, or a Redis Cluster's seeds
+        for host in parts.netloc.rpartition("@")[2].split(","):
+            _ = urlsplit(f"//{host}").port  # reading it validates it
     except ValueError as exc:  # a port that is not a number from 0 to 65535, a broken [IPv6]
         raise _bad_url(url, exc) from None
     return parts.scheme

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import (
     Connection,
     SSLConnection,
@@ -60,6 +61,7 @@ __all__ = [
     "pack_commands",
     "redis_call",
     "split_cluster",
+    "split_seeds",
     "url_or_given",
 ]
 
@@ -132,6 +134,22 @@ def split_cluster(url: str) -> tuple[str, bool]:
     return (f"{base}?{'&'.join(kept)}" if kept else base), cluster
 
 
+def split_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
+    """``url`` on its first host, and every host it names, in order: a cluster URL may name
+    several seeds (``redis://node1:7000,node2:7000/0?cluster=true``), tried in turn."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    auth, at, hosts = netloc.rpartition("@")
+    seeds = []
+    for seed in hosts.split(",") if hosts else ():
+        try:
+            parts = urlsplit(f"//{seed}")
+            seeds.append((parts.hostname or "localhost", parts.port or 6379))  # redis-py's defaults
+        except ValueError as e:  # a port that is not a number
+            raise ConfigError(f"invalid Redis URL {redact(url)!r}: seed {seed!r}: {e}") from None
+    return f"{scheme}{sep}{auth}{at}{hosts.partition(',')[0]}{slash}{tail}", seeds
+
+
 def cluster_url(url: str) -> bool:
     """Whether ``url`` names a Redis Cluster (``?cluster=true``)."""
     return split_cluster(url)[1]
@@ -145,15 +163,20 @@ def is_cluster(client: RedisClient | None) -> TypeGuard[RedisCluster]:
 def build_client(url: str, *, connect_timeout: float) -> RedisClient:
     """A client for ``url`` with bytes replies (bodies are never decoded) and short retries, so an
     unreachable broker fails in about a second, not after redis-py's default backoff (~7 s).
-    ``?cluster=true``: a ``RedisCluster`` seeded from the URL's host (it finds the other nodes)."""
+    ``?cluster=true``: a ``RedisCluster`` seeded from the URL's hosts (it finds the other nodes)."""
     plain, cluster = split_cluster(url)
+    plain, seeds = split_seeds(plain)
+    if len(seeds) > 1 and not cluster:
+        raise ConfigError(f"invalid Redis URL {redact(url)!r}: several hosts name the seeds of a "
+                          "Redis Cluster: add ?cluster=true, or keep one host")
     options: dict[str, Any] = dict(
         decode_responses=False, socket_connect_timeout=connect_timeout, socket_timeout=None,
         socket_keepalive=True,
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2))
     try:
         if cluster:
-            return RedisCluster.from_url(plain, **options)
+            return RedisCluster.from_url(
+                plain, startup_nodes=[ClusterNode(host, port) for host, port in seeds], **options)
         client = Redis.from_url(plain, **options)
     except (ValueError, redis_errors.RedisClusterException) as e:
         raise ConfigError(f"invalid Redis URL {redact(url)!r}: {e}") from e
@@ -188,7 +211,7 @@ def describe(url: str | None, client: RedisClient | None = None) -> str:
             return str(kwargs["path"])
         return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
     plain, cluster = split_cluster(url or "")
-    parts = urlsplit(plain)
+    parts = urlsplit(split_seeds(plain)[0])
     if parts.scheme == "unix":
         return parts.path
     where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
