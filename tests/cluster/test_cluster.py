@@ -21,7 +21,7 @@ from debatebus.llm.ratelimit_redis import RedisRateLimiter
 from debatebus.schemas.envelope import completed_topic
 from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.redis_cluster import cluster_key
+from debatebus.transports.redis_cluster import ClusterBatcher, cluster_key
 from debatebus.transports.redis_common import build_client, describe, split_cluster, split_seeds
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
@@ -272,3 +272,50 @@ async def test_a_dead_first_seed_is_passed_over(redis_cluster: RedisClusterServe
     sync = redis_cluster.client()
     assert sync.xlen(f"event:{{{topic}}}:completed") == 1
     assert sync.xpending(cluster_key(topic), "g")["pending"] == 0
+
+
+class _HeldMap(ClusterBatcher):
+    """A batcher whose slot-map reads, once ``hold`` is set, answer only when it opens: what
+    was true when they began."""
+
+    hold: asyncio.Event | None = None
+
+    async def _read_slots(self) -> list[str | None]:
+        slots = await super()._read_slots()
+        if self.hold is not None:
+            await self.hold.wait()
+        return slots
+
+
+def _rejected_gets(cluster: RedisClusterServers, port: int) -> int:
+    stats = cluster.node(port).info("commandstats").get("cmdstat_get", {})
+    return int(stats.get("rejected_calls", 0))
+
+
+async def test_a_moved_heard_while_the_map_is_read_is_not_undone_by_it(
+        redis_cluster: RedisClusterServers) -> None:
+    """Slot s1 moves: its MOVED starts a map read, which answers late with what was true before
+    s2 moved too. The MOVED for s2, heard meanwhile, wins: the next GET goes straight to s2's
+    new master, not to the old one for another redirect."""
+    first = f"k:{uuid.uuid4().hex[:8]}"
+    source = redis_cluster.owner(first)
+    second = next(k for k in (f"k:{uuid.uuid4().hex[:8]}" for _ in range(10_000))
+                  if redis_cluster.owner(k) == source and key_slot(k.encode()) != key_slot(first.encode()))
+    target = next(port for port in redis_cluster.ports if port != source)
+    batcher = _HeldMap(build_client(redis_cluster.url, connect_timeout=2.0), "test", timeout=5.0)
+    batcher.start()
+    try:
+        assert await batcher.submit((("SET", first, "1"), ("SET", second, "2"))) == [b"OK"] * 2
+        batcher.hold = asyncio.Event()
+        await asyncio.to_thread(redis_cluster.migrate_slot, key_slot(first.encode()), source, target)
+        assert await batcher.submit((("GET", first),)) == [b"1"]  # MOVED: a map read begins
+        await asyncio.to_thread(redis_cluster.migrate_slot, key_slot(second.encode()), source, target)
+        assert await batcher.submit((("GET", second),)) == [b"2"]  # MOVED during the read
+        batcher.hold.set()
+        await asyncio.sleep(0.2)  # the held read answers, with second's old master
+        before = _rejected_gets(redis_cluster, source)
+        assert before > 0, "a MOVED counts as a rejected call"
+        assert await batcher.submit((("GET", second),)) == [b"2"]
+        assert _rejected_gets(redis_cluster, source) == before
+    finally:
+        await batcher.stop()

@@ -23,7 +23,8 @@ of a script, the channel of ``PUBLISH``); the commands a job sends to one master
 commands on different masters run concurrently, and a redirected command is sent again after the
 job's others (so a job whose commands must stay in order sends a script, as on one node).
 ``MOVED`` (the command did not run) updates the slot, schedules a refresh of the whole map and
-sends the command again; ``ASK`` sends ``ASKING`` and the command to the importing master;
+sends the command again (the owners ``MOVED`` replies told since a refresh was scheduled win over
+its reply, which may predate them); ``ASK`` sends ``ASKING`` and the command to the importing master;
 ``TRYAGAIN`` (a multi-key command during a migration) and ``CLUSTERDOWN`` are retried after a
 short pause. Past ``_MAX_REDIRECTS`` the caller gets the
 error. A lost connection fails what it carried (as on one node) and refreshes the map.
@@ -226,6 +227,9 @@ class ClusterBatcher:
         self._nodes: dict[str, CommandBatcher] = {}
         self._parked: list[_Call] = []  # waiting for the slot map
         self._refreshing: asyncio.Task[None] | None = None
+        #: Owners told by MOVED replies since the running refresh was scheduled: they win over
+        #: its reply, which may predate them (or come from a node that has not heard yet).
+        self._moved: dict[int, str] = {}
         self._started = False
 
     def start(self) -> None:
@@ -307,6 +311,7 @@ class ClusterBatcher:
             if kind == "MOVED":  # not run: send it where the slot lives now
                 self._slots[int(slot)], call.asking = address, None
                 self._refresh_soon()
+                self._moved[int(slot)] = address
             else:  # the slot is migrating and the key is already on the importing master
                 call.asking = address
             self._route(call)
@@ -338,11 +343,15 @@ class ClusterBatcher:
 
     def _refresh_soon(self) -> None:
         if self._refreshing is None and self._started:
+            self._moved = {}
             self._refreshing = asyncio.create_task(self._refresh(), name="debatebus-cluster-slots")
 
     async def _refresh(self) -> None:
         try:
-            self._slots = await self._read_slots()
+            slots = await self._read_slots()
+            for slot, address in self._moved.items():
+                slots[slot] = address
+            self._slots = slots
         except Exception as e:
             parked, self._parked = self._parked, []
             mapped = e if isinstance(e, DebatebusError) else transport_error(e, self._where)
