@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore, Counters, Opening, retention_kw
 from debatebus.engine.prompts import PROTOCOL_VERSION
-from debatebus.engine.result import Progress
+from debatebus.engine.result import DebateResult, Progress
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
@@ -78,6 +78,8 @@ T = TypeVar("T")
 DEFAULT_STORE_OUTAGE_S = 120.0
 #: Leases a keeper renews at once (see ``LeaseKeeper._renew_all``).
 _RENEWALS_AT_ONCE = 1000
+#: Debates of one runner building and storing their result at once (``DurableRunner.run``).
+FINISHING = 256
 #: What a run does with a checkpoint written by another definition of its debate: refuse it
 #: (``strict``) or resume it by round number (``loose``).
 Drift = Literal["strict", "loose"]
@@ -175,6 +177,10 @@ class DurableRunner:
         #: name given to two workers is not enough to tell their runs apart).
         self._runs_prefix = f"{self.owner}/{secrets.token_hex(4)}/"
         self.keeper = LeaseKeeper(store, lease_ttl_s)
+        #: Debates storing their result at once: a wave of debates ending together (a burst
+        #: answered by a provider at once) builds each result only when it can be stored, so
+        #: it holds a few hundred result documents at a time, not one per debate ending.
+        self._finishing = asyncio.Semaphore(FINISHING)
 
     async def _patient(self, call: Callable[[], Awaitable[T]]) -> T:
         """A store call that rides out an outage: retried with backoff while the store fails,
@@ -219,17 +225,18 @@ class DurableRunner:
                 return failure_fields(debate_id, progress)
             commits = _Commits(self, debate_id, progress)
             try:
-                fields = await self._run_leased(ask, owner, on_event, event_types, commits,
-                                                children)
+                ran = await self._run_leased(ask, owner, on_event, event_types, commits, children)
             except BaseException:
                 await commits.close(superseded=False)
                 raise
             await commits.close(superseded=True)
-            if expired:
-                fields[RESULT_EXPIRED] = True
-            result = encode_result(fields, ask.fingerprint)
-            await self._patient(lambda: self.store.finish(debate_id, owner, result,
-                                                          **self._retention))
+            async with self._finishing:
+                fields = result_fields(ran)
+                if expired:
+                    fields[RESULT_EXPIRED] = True
+                result = encode_result(fields, ask.fingerprint)
+                await self._patient(lambda: self.store.finish(debate_id, owner, result,
+                                                              **self._retention))
             finished = True
             return fields
         finally:
@@ -288,7 +295,7 @@ class DurableRunner:
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           event_types: EventTypes, commits: _Commits,
-                          children: BusChildren | None) -> dict[str, Any]:
+                          children: BusChildren | None) -> DebateResult:
         debate_id = ask.debate_id
         if children is not None:
             children = replace(children, store=self.store, commit=commits.commit_child)
@@ -314,7 +321,7 @@ class DurableRunner:
         if self.keeper.untrack(owner):  # lost as the debate ended: don't publish it
             commits.lost = True
             raise _lease_lost(debate_id)
-        return result_fields(result)
+        return result
 
 
 class _Commits:
