@@ -24,10 +24,10 @@ commands on different masters run concurrently, and a redirected command is sent
 job's others (so a job whose commands must stay in order sends a script, as on one node).
 ``MOVED`` (the command did not run) updates the slot, schedules a refresh of the whole map and
 sends the command again (the owners ``MOVED`` replies told since a refresh was scheduled win over
-its reply, which may predate them); ``ASK`` sends ``ASKING`` and the command to the importing master;
-``TRYAGAIN`` (a multi-key command during a migration) and ``CLUSTERDOWN`` are retried after a
-short pause. Past ``_MAX_REDIRECTS`` the caller gets the
-error. A lost connection fails what it carried (as on one node) and refreshes the map.
+its reply, which may predate them); ``ASK`` sends ``ASKING`` and the command to the importing
+master; ``TRYAGAIN`` (a multi-key command during a migration) and ``CLUSTERDOWN`` are retried
+after a short pause. Past ``_MAX_REDIRECTS`` the caller gets the error. A lost connection fails
+what it carried (as on one node) and refreshes the map.
 """
 
 from __future__ import annotations
