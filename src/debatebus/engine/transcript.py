@@ -138,8 +138,7 @@ _SENTENCE_END = re.compile(r"[.!?](?=[\"')\]]?(?:\s|$))")
 def fit_words(text: str, limit: int | None) -> str:
     """``text`` cut to at most ``limit`` words, at the last sentence end when there is one in the
     second half (a model stopped by its token budget ends mid-sentence)."""
-    words = text.split()
-    if not limit or len(words) <= limit:
+    if not limit or len(text.split()) <= limit:
         return text
     head = text[: _end_of_word(text, limit)]
     ends = [m.end() for m in _SENTENCE_END.finditer(head)]
