@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import hypothesis
 import hypothesis.strategies
+import pytest
 
 from debatebus import Debate, Judge, Participant
 from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Prompts, Utility
+from debatebus.engine.prompts import fill_template
 from debatebus.engine.transcript import Round, Turn, render_round
+from debatebus.exceptions import ConfigError
 
 NAMES = ("alice", "bob")
 NASTY_TOPIC = "Summarize {input} and {{ x }} then {0} {question} {} {{{speaker}}} }{ %s $x"
@@ -230,3 +233,28 @@ def test_a_turn_is_quoted_line_by_line_whatever_its_line_breaks(text: str) -> No
     lines = text.strip().splitlines()
     quoted = "\n".join(f"> {line}" for line in lines)
     assert rendered == ("Round 1:\n" + (f"ann said:\n{quoted}" if lines else "ann said nothing."))
+
+
+_FIELDS = {"question": "Q?", "round": 2, "transcript": "x {y} z", "persona": "", "flag": True}
+
+
+@hypothesis.given(hypothesis.strategies.lists(hypothesis.strategies.sampled_from(
+    ["text ", "{{", "}}", "\n", "{question}", "{round}", "{transcript}", "{persona}", "{flag}",
+     "{round:03d}", "{question!r}", "{question.upper}", "{transcript[0]}", "{}", "{0}"]),
+    max_size=12).map("".join))
+def test_a_template_is_filled_as_format_map_fills_it(template: str) -> None:
+    """Plain fields are filled from the template's parsed parts, the others by format_map:
+    either way the prompt is format_map's."""
+    try:
+        expected = template.format_map(_FIELDS)
+    except (KeyError, IndexError, ValueError):
+        with pytest.raises(ConfigError, match="not a known field"):
+            fill_template(template, _FIELDS)
+        return
+    assert fill_template(template, _FIELDS) == expected
+
+
+@pytest.mark.parametrize("template", ["{speaker} says", "{round:02d} {speaker}", "{ {speaker}"])
+def test_a_template_naming_an_unknown_field_says_which(template: str) -> None:
+    with pytest.raises(ConfigError, match="not a known field"):
+        fill_template(template, _FIELDS)
