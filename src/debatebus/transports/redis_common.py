@@ -201,7 +201,8 @@ def url_or_given(url_or_client: str | RedisClient) -> tuple[str | None, RedisCli
 
 
 def describe(url: str | None, client: RedisClient | None = None) -> str:
-    """``host:port`` for messages, never the password in the URL."""
+    """``host:port`` for messages (a cluster URL's seeds, comma-separated), never the password in
+    the URL."""
     if is_cluster(client):
         nodes = client.get_nodes()
         return f"{nodes[0].name if nodes else 'seed node'} (cluster)"
@@ -211,9 +212,12 @@ def describe(url: str | None, client: RedisClient | None = None) -> str:
             return str(kwargs["path"])
         return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
     plain, cluster = split_cluster(url or "")
-    parts = urlsplit(split_seeds(plain)[0])
+    first, seeds = split_seeds(plain)
+    parts = urlsplit(first)
     if parts.scheme == "unix":
         return parts.path
+    if cluster and seeds:
+        return f"{','.join(f'{host}:{port}' for host, port in seeds)} (cluster)"
     where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
     return f"{where} (cluster)" if cluster else where
 
