@@ -20,17 +20,23 @@ class HeldFinishes(MemoryCheckpointStore):
         self.gate = asyncio.Event()
         self.waiting = 0
         self.most = 0
-        self.full = asyncio.Event()  # set once 3 wait at once
+        self._counts: dict[int, asyncio.Event] = {}
 
     async def finish(self, debate_id: str, owner: str, result: bytes, *,
                      retention_s: float | None = None) -> None:
         self.waiting += 1
         self.most = max(self.most, self.waiting)
-        if self.waiting >= 3:
-            self.full.set()
+        for count, event in self._counts.items():
+            if self.waiting >= count:
+                event.set()
         await self.gate.wait()
         self.waiting -= 1
         await super().finish(debate_id, owner, result, retention_s=retention_s)
+
+    async def full_at(self, count: int) -> None:
+        """Until ``count`` finishes wait at once."""
+        if self.waiting < count:
+            await self._counts.setdefault(count, asyncio.Event()).wait()
 
 
 async def test_a_wave_of_endings_stores_a_few_results_at_a_time(
@@ -39,7 +45,7 @@ async def test_a_wave_of_endings_stores_a_few_results_at_a_time(
     store, calls = HeldFinishes(), []
     handler = debate(llm(calls, wait=True), rounds=1).as_handler(store=store)
     runs = [asyncio.create_task(handler({"input": "q"}, request_id=f"r{n}")) for n in range(10)]
-    await asyncio.wait_for(store.full.wait(), 10)
+    await asyncio.wait_for(store.full_at(3), 10)
     await asyncio.sleep(0.05)  # every debate has ended by now: the other 7 wait their turn
     assert (store.waiting, store.most) == (3, 3)
     store.gate.set()
@@ -48,3 +54,22 @@ async def test_a_wave_of_endings_stores_a_few_results_at_a_time(
     assert store.most == 3
     for n in range(10):
         assert await store.get_result(f"r{n}") is not None
+
+
+async def test_a_debate_waiting_for_its_turn_to_finish_keeps_its_lease(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slot; the first debate's finish is held for longer than the lease's ttl: the second,
+    ended and waiting for the slot, still holds a live lease (renewed), so no duplicate of its
+    request could take its debate over meanwhile."""
+    monkeypatch.setattr(durable, "FINISHING", 1)
+    store, calls = HeldFinishes(), []
+    handler = debate(llm(calls, wait=True), rounds=1).as_handler(store=store, lease_ttl_s=0.3)
+    first = asyncio.create_task(handler({"input": "q"}, request_id="r1"))
+    await asyncio.wait_for(store.full_at(1), 10)
+    second = asyncio.create_task(handler({"input": "q"}, request_id="r2"))
+    await asyncio.sleep(1.0)  # ended long ago, waiting for the slot: three ttls
+    assert store.waiting == 1 and not second.done()
+    lease = await store.get_lease("r2")
+    assert lease is not None, "the waiting debate's lease lapsed"
+    store.gate.set()
+    assert [r["debateStatus"] for r in await asyncio.gather(first, second)] == ["completed"] * 2

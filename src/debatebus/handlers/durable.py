@@ -179,7 +179,8 @@ class DurableRunner:
         self.keeper = LeaseKeeper(store, lease_ttl_s)
         #: Debates storing their result at once: a wave of debates ending together (a burst
         #: answered by a provider at once) builds each result only when it can be stored, so
-        #: it holds a few hundred result documents at a time, not one per debate ending.
+        #: it holds a few hundred result documents at a time, not one per debate ending. A
+        #: debate waits for its slot with its lease still renewed.
         self._finishing = asyncio.Semaphore(FINISHING)
 
     async def _patient(self, call: Callable[[], Awaitable[T]]) -> T:
@@ -229,14 +230,16 @@ class DurableRunner:
             except BaseException:
                 await commits.close(superseded=False)
                 raise
-            await commits.close(superseded=True)
-            async with self._finishing:
+            try:  # with one of the runner's finishing slots, which _run_leased took
+                await commits.close(superseded=True)
                 fields = result_fields(ran)
                 if expired:
                     fields[RESULT_EXPIRED] = True
                 result = encode_result(fields, ask.fingerprint)
                 await self._patient(lambda: self.store.finish(debate_id, owner, result,
                                                               **self._retention))
+            finally:
+                self._finishing.release()
             finished = True
             return fields
         finally:
@@ -296,6 +299,8 @@ class DurableRunner:
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           event_types: EventTypes, commits: _Commits,
                           children: BusChildren | None) -> DebateResult:
+        """The debate's run under its lease; it returns holding a finishing slot, waited for
+        while the lease is still renewed (the caller releases it once the result is stored)."""
         debate_id = ask.debate_id
         if children is not None:
             children = replace(children, store=self.store, commit=commits.commit_child)
@@ -309,6 +314,7 @@ class DurableRunner:
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
                 children=children, depth=ask.depth, event_types=event_types)
+            await self._finishing.acquire()
         except asyncio.CancelledError:
             if self.keeper.untrack(owner):
                 commits.lost = True
@@ -319,6 +325,7 @@ class DurableRunner:
             self.keeper.untrack(owner)  # or its lease would be renewed, and waited on, forever
             raise
         if self.keeper.untrack(owner):  # lost as the debate ended: don't publish it
+            self._finishing.release()
             commits.lost = True
             raise _lease_lost(debate_id)
         return result
