@@ -2,8 +2,8 @@
 ``KafkaSettings``; ``kafka_topic`` and the header names say how messages look on Kafka.
 
 The modules inside are private as a whole; each uses the others' plain names. They import in one
-direction: ``names``, ``settings``, ``errors``, ``offsets`` ← ``wire`` ← ``group``, ``readers`` ←
-``transport``. ``names`` and ``settings`` import nothing from aiokafka, and neither does this
+direction: ``names``, ``settings``, ``errors``, ``offsets`` ← ``wire``, ``topics`` ← ``group``,
+``readers`` ← ``transport``. ``names`` and ``settings`` import nothing from aiokafka, and neither does this
 module until ``KafkaTransport`` is asked for, so the topic names are known without aiokafka.
 """
 

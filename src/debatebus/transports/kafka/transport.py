@@ -1,7 +1,7 @@
 """Kafka transport on aiokafka: one topic per event type, one consumer group per worker pool.
 
-Wire format: see ``wire`` and ``names``. Topics are created with the admin client before first use, never
-left to broker auto-creation (which would pick its own partition count).
+Wire format: see ``wire`` and ``names``. Topics are created with the admin client before first
+use, never left to broker auto-creation (``topics``).
 
 Delivery is at-least-once. Kafka acknowledges by committing an offset per partition, not per
 message, and a worker finishes debates out of order, so an offset is committed only when every
@@ -30,13 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError, for_code
+from aiokafka.admin import AIOKafkaAdminClient
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, Transport
@@ -53,6 +52,7 @@ from debatebus.transports.kafka.names import kafka_topic, topic_names
 from debatebus.transports.kafka.offsets import Mark
 from debatebus.transports.kafka.readers import Subscription, bounds, millis, poll, record_at
 from debatebus.transports.kafka.settings import KafkaSettings, parse_servers
+from debatebus.transports.kafka.topics import Topics
 from debatebus.transports.kafka.wire import (
     Record,
     Token,
@@ -62,8 +62,6 @@ from debatebus.transports.kafka.wire import (
     to_record,
     token_of,
 )
-
-_T = TypeVar("_T")
 
 __all__ = ["KafkaTransport"]
 
@@ -109,9 +107,7 @@ class KafkaTransport(Transport):
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._connect_lock = asyncio.Lock()
-        self._ensure_lock = asyncio.Lock()
-        self._known: set[str] = set()
-        self._listed = False
+        self._topics = Topics(self.settings, self._admin_client)
         self._members: set[Member] = set()
         self._readers: set[AIOKafkaConsumer] = set()
 
@@ -127,6 +123,9 @@ class KafkaTransport(Transport):
                 if self._producer is None or self._admin is None:
                     self._producer, self._admin = await self._connect()
         return self._producer, self._admin
+
+    async def _admin_client(self) -> AIOKafkaAdminClient:
+        return (await self._ready())[1]
 
     async def _connect(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
         timeout_ms = int(self.settings.request_timeout * 1000)
@@ -168,8 +167,7 @@ class KafkaTransport(Transport):
                              *(self._drop_reader(r) for r in list(self._readers)))
         producer, admin = self._producer, self._admin
         self._producer = self._admin = None
-        self._known.clear()  # a broker restarted meanwhile may have lost them (Tansu's memory://)
-        self._listed = False
+        self._topics.forget()  # a broker restarted meanwhile may have lost them (Tansu's memory://)
         if producer is not None:
             await quietly(producer.stop(), "flushing the producer", self.settings.request_timeout)
         if admin is not None:
@@ -178,60 +176,7 @@ class KafkaTransport(Transport):
     # -- topics ----------------------------------------------------------------------------
 
     async def ensure_topics(self, topics: Sequence[str]) -> None:
-        await self._ensure(topic_names(topics))
-
-    async def _ensure(self, names: Iterable[str]) -> None:
-        missing = set(names) - self._known
-        if not missing:
-            return
-        _, admin = await self._ready()
-        async with self._ensure_lock:
-            if not self._listed:
-                # Learn what exists first: creating an existing topic may be refused by ACLs
-                # even where reading and writing it is allowed.
-                self._known.update(await self._admin_request("listing topics",
-                                                             admin.list_topics))
-                self._listed = True
-            missing -= self._known
-            if missing:
-                await self._create(admin, sorted(missing))
-
-    async def _create(self, admin: AIOKafkaAdminClient, names: list[str]) -> None:
-        new = [NewTopic(n, self.settings.partitions, self.settings.replication_factor) for n in names]
-        response = await self._admin_request(f"creating topics {', '.join(names)}",
-                                             functools.partial(admin.create_topics, new))
-        refused = []
-        for entry in response.topic_errors:  # (topic, error_code[, error_message])
-            name, code = entry[0], entry[1]
-            if code in (0, TopicAlreadyExistsError.errno):
-                self._known.add(name)
-            else:
-                refused.append(f"{name}: {for_code(code).__name__} {entry[2:] or ''}")
-        if refused:
-            raise TransportError(
-                f"Kafka refused to create topics ({'; '.join(refused)}): allow this client to "
-                f"create topics, or create them with {self.settings.partitions} partitions beforehand")
-
-    async def _recheck(self, names: Iterable[str]) -> None:
-        """Forget which topics exist and ensure ``names`` again: a broker that restarted
-        without its data (Tansu's ``memory://``) lost every topic, yet takes records for them
-        and then drops those records when the topic is created."""
-        async with self._ensure_lock:
-            self._known.clear()
-            self._listed = False
-        await self._ensure(names)
-
-    async def _admin_request(self, action: str, call: Callable[[], Awaitable[_T]]) -> _T:
-        """An admin request, sent twice if the connection dropped: the admin client's first
-        request after a broker restart fails on the old connection, then it reconnects."""
-        for attempt in (1, 2):
-            try:
-                with kafka_errors(action, self.settings.servers):
-                    return await call()
-            except TransportError as exc:
-                if attempt == 2 or not isinstance(exc.__cause__, KafkaConnectionError):
-                    raise
-        raise AssertionError("unreachable")
+        await self._topics.ensure(topic_names(topics))
 
     async def _partitions_of(self, name: str) -> list[TopicPartition]:
         producer, _ = await self._ready()
@@ -256,13 +201,13 @@ class KafkaTransport(Transport):
             if not lost_topic(exc):
                 raise
             logger.warning("%s; ensuring the topics exist and producing again", exc)
-            await self._recheck(topics)
+            await self._topics.recheck(topics)
             return await self._produce(records, topics, size)
 
     async def _produce(self, records: Sequence[Record], topics: set[str],
                        size: int) -> list[Any]:
         producer, _ = await self._ready()
-        await self._ensure(topics)
+        await self._topics.ensure(topics)
         with producing(topics, self.settings.servers, size=size,
                         limit=self.settings.max_request_size):
             # send() only appends to the batch; awaiting them together lets them share requests.
@@ -321,7 +266,7 @@ class KafkaTransport(Transport):
         except TransportError:
             # A broker that lost the topics refuses commits until they exist again.
             with contextlib.suppress(TransportError):
-                await self._recheck(member.names)
+                await self._topics.recheck(member.names)
             raise
 
     # -- consuming -------------------------------------------------------------------------
@@ -332,7 +277,7 @@ class KafkaTransport(Transport):
         if prefetch < 1:
             raise ConfigError(f"prefetch must be at least 1, not {prefetch}")
         names = topic_names(topics)
-        await self._ensure(names)
+        await self._topics.ensure(names)
         member = self._detached(group, names) or await self._join(group, names, consumer,
                                                                    prefetch)
         member.attach()
@@ -359,7 +304,7 @@ class KafkaTransport(Transport):
             **self.settings.fetch_options)
         await self._start(kafka_consumer.start, kafka_consumer.stop, f"joining group {group!r}")
         member = Member(kafka_consumer, names, group, prefetch, self.settings,
-                        recheck=self._recheck, mark_at=self._mark_at)
+                        recheck=self._topics.recheck, mark_at=self._mark_at)
         self._members.add(member)
         member.start()
         return member
@@ -392,7 +337,7 @@ class KafkaTransport(Transport):
         """A group-less reader positioned at the end of every partition of ``topics`` by the
         time this returns, so nothing published afterwards is missed."""
         names = topic_names(topics)
-        await self._ensure(names)  # so there are partitions to position on right away
+        await self._topics.ensure(names)  # so there are partitions to position on right away
         reader = await self._reader()
         try:
             tps = [tp for name in names for tp in await self._partitions_of(name)]
@@ -425,7 +370,7 @@ class KafkaTransport(Transport):
         same topic ends. Partition by partition, not in global order. Nothing to settle.
         """
         name = kafka_topic(topic)
-        await self._ensure_exists(name)
+        await self._topics.require(name)
         reader = await self._reader()
         try:
             tps = await self._partitions_of(name)
@@ -450,10 +395,3 @@ class KafkaTransport(Transport):
                 active = {tp for tp in active if await reader.position(tp) < spans[tp][1]}
         finally:
             await self._drop_reader(reader)
-
-    async def _ensure_exists(self, name: str) -> None:
-        _, admin = await self._ready()
-        with kafka_errors("listing topics", self.settings.servers):
-            self._known.update(await admin.list_topics())
-        if name not in self._known:
-            raise ConfigError(f"Kafka topic {name!r} does not exist: check the event type")
