@@ -96,7 +96,9 @@ def test_a_penalty_pauses_every_process(redis_server: Any) -> None:
     limiter = RedisRateLimiter(redis_server.url, name, limit)
 
     async def penalize() -> None:
+        sent = time.time()
         await limiter.penalize(1.0)  # what a 429 with Retry-After: 1 does
+        penalized.extend((sent, time.time()))  # the pause began in between
         await limiter.close()
 
     def penalize_once_running() -> None:
@@ -104,7 +106,6 @@ def test_a_penalty_pauses_every_process(redis_server: Any) -> None:
             time.sleep(0.02)
         time.sleep(0.5)
         asyncio.run(penalize())
-        penalized.append(time.time())
 
     penalized: list[float] = []
     thread = threading.Thread(target=penalize_once_running)
@@ -112,7 +113,8 @@ def test_a_penalty_pauses_every_process(redis_server: Any) -> None:
     _, _, grants = run_fleet(redis_server.url, limit, tasks=2, hold_s=0.0, duration_s=3.0,
                              name=name)
     thread.join()
-    during = [at for _, at, _ in grants if penalized[0] + 0.05 < at < penalized[0] + 0.9]
-    after = {process for process, at, _ in grants if at > penalized[0] + 1.0}
+    sent, answered = penalized
+    during = [at for _, at, _ in grants if answered + 0.05 < at < sent + 0.9]
+    after = {process for process, at, _ in grants if at > answered + 1.0}
     assert during == []
     assert after == set(range(PROCESSES))
