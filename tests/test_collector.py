@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
+import uuid
 
 import pytest
 
+from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import BusClient
 from debatebus.collector import DEFAULT_THRESHOLDS, Collector
 from debatebus.exceptions import ConfigError
@@ -53,3 +56,41 @@ async def test_a_worker_serves_with_the_default_collector_and_restores_it() -> N
         assert result.payload["debateStatus"] == "completed"
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+async def _cycles_left(client: BusClient, topic: str, debates: int) -> collections.Counter[str]:
+    """What ``debates`` requests answered through a worker left as reference cycles (unreachable
+    objects only the cyclic collector would free), by type: all automatic collection off."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage to look at
+    try:
+        results = await asyncio.gather(*(
+            client.request(topic, {"input": f"Tabs or spaces? {n}"}, timeout=30)
+            for n in range(debates)))
+        assert [r.payload["debateStatus"] for r in results] == ["completed"] * debates
+        gc.collect()
+        return collections.Counter(type(o).__name__ for o in gc.garbage)
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.enable()
+
+
+@pytest.mark.parametrize("broker", ["memory", "redis"])
+async def test_debates_leave_no_reference_cycles(broker: str, request: pytest.FixtureRequest) -> None:
+    """The default collector's thresholds rest on this: a durable debate answered on the bus
+    (engine, handler, checkpoint store, settler, transport) is freed by reference counting."""
+    topic = f"debate:cycles{uuid.uuid4().hex[:6]}"
+    if broker == "redis":
+        url = request.getfixturevalue("redis_server").url
+        app, client = DebateBus(url), BusClient(url)
+        handler = make_debate().as_handler()  # checkpoints in the broker's Redis
+    else:
+        memory = MemoryBroker()
+        app, client = DebateBus(MemoryTransport(memory)), BusClient(MemoryTransport(memory))
+        handler = make_debate().as_handler(store=MemoryCheckpointStore())
+    app.subscribe(topic, handler)
+    async with running(app), client:
+        await _cycles_left(client, topic, 20)  # connections opened and scripts loaded once
+        assert await _cycles_left(client, topic, 20) == {}
