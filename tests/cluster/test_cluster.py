@@ -246,6 +246,8 @@ def test_a_cluster_url_names_several_seeds() -> None:
         "redis://:secret@h1:7000/0?cluster=true", [("h1", 7000), ("h2", 7001), ("::1", 6379)])
     assert split_seeds("rediss://h1,:7001") == ("rediss://h1", [("h1", 6379), ("localhost", 7001)])
     assert split_seeds("unix:///tmp/redis.sock") == ("unix:///tmp/redis.sock", [])
+    assert split_seeds("redis://h1:7000,h2?protocol=3") == (
+        "redis://h1:7000?protocol=3", [("h1", 7000), ("h2", 6379)])
     assert describe("redis://:secret@h1:7000,h2/0?cluster=true") == "h1:7000,h2:6379 (cluster)"
     for url, why in [("redis://:secret@h1:7000,h2:x/0?cluster=true", "seed 'h2:x'"),
                      ("redis://:secret@h1:7000,h2:7001/0", "add \\?cluster=true")]:

@@ -138,7 +138,8 @@ def split_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
     """``url`` on its first host, and every host it names, in order: a cluster URL may name
     several seeds (``redis://node1:7000,node2:7000/0?cluster=true``), tried in turn."""
     scheme, sep, rest = url.partition("://")
-    netloc, slash, tail = rest.partition("/")
+    end = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]  # tail: the db, query and fragment, if any
     auth, at, hosts = netloc.rpartition("@")
     seeds = []
     for seed in hosts.split(",") if hosts else ():
@@ -147,7 +148,7 @@ def split_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
             seeds.append((parts.hostname or "localhost", parts.port or 6379))  # redis-py's defaults
         except ValueError as e:  # a port that is not a number
             raise ConfigError(f"invalid Redis URL {redact(url)!r}: seed {seed!r}: {e}") from None
-    return f"{scheme}{sep}{auth}{at}{hosts.partition(',')[0]}{slash}{tail}", seeds
+    return f"{scheme}{sep}{auth}{at}{hosts.partition(',')[0]}{tail}", seeds
 
 
 def cluster_url(url: str) -> bool:
