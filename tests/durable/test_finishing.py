@@ -73,3 +73,26 @@ async def test_a_debate_waiting_for_its_turn_to_finish_keeps_its_lease(
     assert lease is not None, "the waiting debate's lease lapsed"
     store.gate.set()
     assert [r["debateStatus"] for r in await asyncio.gather(first, second)] == ["completed"] * 2
+
+
+class SlowFinishes(MemoryCheckpointStore):
+    async def finish(self, debate_id: str, owner: str, result: bytes, *,
+                     retention_s: float | None = None) -> None:
+        await asyncio.sleep(0.01)  # so that debates queue for the slots
+        await super().finish(debate_id, owner, result, retention_s=retention_s)
+
+
+def test_a_handler_serves_one_event_loop_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finishing slots belong to the loop that uses them: a handler reused by a second
+    ``asyncio.run`` does not find them bound to the first loop."""
+    monkeypatch.setattr(durable, "FINISHING", 1)
+    calls: list[str] = []
+    handler = debate(llm(calls, wait=True), rounds=1).as_handler(store=SlowFinishes())
+
+    async def five(tag: str) -> list[str]:
+        results = await asyncio.gather(*(handler({"input": "q"}, request_id=f"{tag}{n}")
+                                         for n in range(5)))
+        return [r["debateStatus"] for r in results]
+
+    assert asyncio.run(five("a")) == ["completed"] * 5
+    assert asyncio.run(five("b")) == ["completed"] * 5

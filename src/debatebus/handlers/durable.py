@@ -180,8 +180,17 @@ class DurableRunner:
         #: Debates storing their result at once: a wave of debates ending together (a burst
         #: answered by a provider at once) builds each result only when it can be stored, so
         #: it holds a few hundred result documents at a time, not one per debate ending. A
-        #: debate waits for its slot with its lease still renewed.
+        #: debate waits for its slot with its lease still renewed. One set per event loop: a
+        #: handler may serve one loop after another (``asyncio.run`` twice).
         self._finishing = asyncio.Semaphore(FINISHING)
+        self._finishing_loop: asyncio.AbstractEventLoop | None = None
+
+    def _finishing_slots(self) -> asyncio.Semaphore:
+        """This event loop's finishing slots (``self._finishing``, made anew in another loop)."""
+        loop = asyncio.get_running_loop()
+        if self._finishing_loop is not loop:
+            self._finishing, self._finishing_loop = asyncio.Semaphore(FINISHING), loop
+        return self._finishing
 
     async def _patient(self, call: Callable[[], Awaitable[T]]) -> T:
         """A store call that rides out an outage: retried with backoff while the store fails,
@@ -314,7 +323,7 @@ class DurableRunner:
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
                 children=children, depth=ask.depth, event_types=event_types)
-            await self._finishing.acquire()
+            await self._finishing_slots().acquire()
         except asyncio.CancelledError:
             if self.keeper.untrack(owner):
                 commits.lost = True
