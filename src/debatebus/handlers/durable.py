@@ -57,6 +57,7 @@ from debatebus.handlers.checkpointing import (
 )
 from debatebus.handlers.children import BusChildren
 from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, result_fields
+from debatebus.loops import PerLoop
 from debatebus.schemas.envelope import now_iso
 
 if TYPE_CHECKING:
@@ -180,17 +181,8 @@ class DurableRunner:
         #: Debates storing their result at once: a wave of debates ending together (a burst
         #: answered by a provider at once) builds each result only when it can be stored, so
         #: it holds a few hundred result documents at a time, not one per debate ending. A
-        #: debate waits for its slot with its lease still renewed. One set per event loop: a
-        #: handler may serve one loop after another (``asyncio.run`` twice).
-        self._finishing = asyncio.Semaphore(FINISHING)
-        self._finishing_loop: asyncio.AbstractEventLoop | None = None
-
-    def _finishing_slots(self) -> asyncio.Semaphore:
-        """This event loop's finishing slots (``self._finishing``, made anew in another loop)."""
-        loop = asyncio.get_running_loop()
-        if self._finishing_loop is not loop:
-            self._finishing, self._finishing_loop = asyncio.Semaphore(FINISHING), loop
-        return self._finishing
+        #: debate waits for its slot with its lease still renewed.
+        self._finishing = PerLoop(lambda: asyncio.Semaphore(FINISHING))
 
     async def _patient(self, call: Callable[[], Awaitable[T]]) -> T:
         """A store call that rides out an outage: retried with backoff while the store fails,
@@ -248,7 +240,7 @@ class DurableRunner:
                 await self._patient(lambda: self.store.finish(debate_id, owner, result,
                                                               **self._retention))
             finally:
-                self._finishing.release()
+                self._finishing.get().release()
             finished = True
             return fields
         finally:
@@ -323,7 +315,7 @@ class DurableRunner:
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
                 children=children, depth=ask.depth, event_types=event_types)
-            await self._finishing_slots().acquire()
+            await self._finishing.get().acquire()
         except asyncio.CancelledError:
             if self.keeper.untrack(owner):
                 commits.lost = True
@@ -334,7 +326,7 @@ class DurableRunner:
             self.keeper.untrack(owner)  # or its lease would be renewed, and waited on, forever
             raise
         if self.keeper.untrack(owner):  # lost as the debate ended: don't publish it
-            self._finishing.release()
+            self._finishing.get().release()
             commits.lost = True
             raise _lease_lost(debate_id)
         return result

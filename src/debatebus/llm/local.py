@@ -16,7 +16,6 @@ import dataclasses
 import importlib.util
 import os
 import threading
-import weakref
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest, LLMResponse, Message
 from debatebus.llm.structured import Completion, complete_structured, json_instructions
+from debatebus.loops import PerLoop
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = ["MODEL_PACKAGE", "LocalLLM", "PromptStats", "default_model_path"]
@@ -176,9 +176,7 @@ class LocalLLM:
         # The thread lock guards the Llama object even after an awaiting task gave up; the
         # per-loop asyncio locks queue callers without tying up executor threads.
         self._thread_lock = threading.Lock()
-        self._loop_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._loop_locks = PerLoop(asyncio.Lock)
 
     @property
     def model(self) -> str:
@@ -205,17 +203,10 @@ class LocalLLM:
             _with_trailing_instructions(request, schema), send, model=self.model
         )
 
-    def _lock(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        lock = self._loop_locks.get(loop)
-        if lock is None:
-            lock = self._loop_locks[loop] = asyncio.Lock()
-        return lock
-
     async def _generate(
         self, request: LLMRequest, response_format: dict[str, Any] | None
     ) -> Completion:
-        async with self._lock():
+        async with self._loop_locks.get():
             return await asyncio.to_thread(self._run, request, response_format)
 
     def _load(self) -> Any:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from debatebus.exceptions import ConfigError, LLMError, TransportError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, model_name
 from debatebus.llm.retry import reporting_rate_limits
+from debatebus.loops import PerLoop
 from debatebus.schemas.usage import TokenUsage
 
 __all__ = [
@@ -125,7 +126,7 @@ class RateLimiter(abc.ABC):
         self._on_wait = on_wait
         # One waiter of this process asks at a time, the others queue behind it in arrival order:
         # nobody starves, and a worker with hundreds of waiting calls sends one ask, not hundreds.
-        self._turn = asyncio.Lock()
+        self._turn = PerLoop(asyncio.Lock)
 
     async def acquire(self, requests: int = 1, tokens: int = 0) -> Permit:
         """Wait until ``requests`` requests and ``tokens`` tokens are available, and take them.
@@ -135,7 +136,7 @@ class RateLimiter(abc.ABC):
         after a refill. Cancelling the wait takes nothing."""
         permit = Permit(tokens)
         started = time.monotonic()
-        async with self._turn:
+        async with self._turn.get():
             while True:
                 wait = await self._try_acquire(permit, requests)
                 if wait <= 0:
