@@ -217,9 +217,7 @@ def describe(url: str | None, client: RedisClient | None = None) -> str:
     parts = urlsplit(first)
     if parts.scheme == "unix":
         return parts.path
-    if cluster and seeds:
-        return f"{','.join(f'{host}:{port}' for host, port in seeds)} (cluster)"
-    where = f"{parts.hostname or 'localhost'}:{parts.port or 6379}"
+    where = ",".join(f"{host}:{port}" for host, port in seeds) or "localhost:6379"
     return f"{where} (cluster)" if cluster else where
 
 
