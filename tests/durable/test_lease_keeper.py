@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from debatebus.handlers.durable import LeaseKeeper
+from debatebus.handlers.durable import _CHUNKS_AT_ONCE, _RENEWALS_AT_ONCE, LeaseKeeper
 
 
 class CountingStore:
     """Renews any lease after a moment; counts renewals and how many were under way at once."""
 
-    def __init__(self, leases: int) -> None:
+    def __init__(self, leases: int, delay_s: float = 0.001) -> None:
+        self.delay_s = delay_s
         self.renewed: dict[str, int] = {}
         self.now = self.most = 0
         self.leases = leases
@@ -22,7 +23,7 @@ class CountingStore:
         self.now += 1
         self.most = max(self.most, self.now)
         try:
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(self.delay_s)
         finally:
             self.now -= 1
         self.renewed[owner] = self.renewed.get(owner, 0) + 1
@@ -51,8 +52,19 @@ async def test_thousands_of_leases_are_all_renewed_a_chunk_at_a_time() -> None:
     keeper = LeaseKeeper(store, ttl_s=0.3)  # type: ignore[arg-type]  # renew_lease is all it uses
     await keep_until(keeper, owners, store.all_renewed, 10)
     assert set(store.renewed) == set(owners)
-    assert 0 < store.most <= 1_000
+    assert 0 < store.most <= _CHUNKS_AT_ONCE * _RENEWALS_AT_ONCE < len(owners)
     assert not keeper.lost and not keeper.failing
+
+
+async def test_chunks_slower_than_a_second_overlap_only_so_far() -> None:
+    """Each renewal takes 2.5 s, so a chunk is still going when the next two may start, a second
+    apart: chunks overlap, but never more of them than the cap (unbounded, all 3 were under way
+    at once)."""
+    owners = [f"owner-{i}" for i in range(3 * _RENEWALS_AT_ONCE)]
+    store = CountingStore(len(owners), delay_s=2.5)
+    keeper = LeaseKeeper(store, ttl_s=3.0)  # type: ignore[arg-type]  # renew_lease is all it uses
+    await keep_until(keeper, owners, store.all_renewed, 30)
+    assert store.most == _CHUNKS_AT_ONCE * _RENEWALS_AT_ONCE < len(owners)
 
 
 class SlowStore:

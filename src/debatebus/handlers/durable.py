@@ -79,6 +79,8 @@ T = TypeVar("T")
 DEFAULT_STORE_OUTAGE_S = 120.0
 #: Leases a keeper renews at once (see ``LeaseKeeper._renew_all``).
 _RENEWALS_AT_ONCE = 1000
+#: Chunks of renewals under way at once, at most.
+_CHUNKS_AT_ONCE = 2
 #: Debates of one runner building and storing their result at once (``DurableRunner.run``).
 FINISHING = 256
 #: What a run does with a checkpoint written by another definition of its debate: refuse it
@@ -135,13 +137,15 @@ class LeaseKeeper:
         """Concurrently: one slow renewal must not delay the others past their expiry. A chunk
         at a time (the store pipelines each), not a task for every lease at once (with thousands
         of debates in flight, that was megabytes every ttl/3); a chunk still going after a second
-        overlaps the next. (A method of its own: ``held`` must not outlive the round, keeping
-        finished runs.)"""
+        overlaps the next, with ``_CHUNKS_AT_ONCE`` chunks under way at most. (A method of its
+        own: ``held`` must not outlive the round, keeping finished runs.)"""
         going: set[asyncio.Future[list[None]]] = set()
         for start in range(0, len(held), _RENEWALS_AT_ONCE):
             going.add(asyncio.gather(*(self._renew(owner, debate_id, run) for owner, (
                 debate_id, run) in held[start:start + _RENEWALS_AT_ONCE])))
             _, going = await asyncio.wait(going, timeout=1.0)
+            if len(going) >= _CHUNKS_AT_ONCE:
+                _, going = await asyncio.wait(going, return_when=asyncio.FIRST_COMPLETED)
         if going:
             await asyncio.wait(going)
 
