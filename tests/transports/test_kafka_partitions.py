@@ -63,8 +63,8 @@ async def test_topics_are_created_with_the_configured_partitions(tansu_server: T
 
 
 async def test_concurrent_acks_share_one_offset_commit(tansu_server: TansuServer) -> None:
-    """Acks settle at once and wait for a commit that starts ``linger_ms`` after the first: 40
-    acks in one tick cost one commit request, and each returns with its offset committed."""
+    """Acks settle at once and share the next commit: 40 acks in one tick cost one commit
+    request, and each returns with its offset committed."""
     topic, group = f"debate:share{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:8]}"
     async with KafkaTransport(tansu_server.bootstrap, partitions=1, **GROUP_OPTIONS) as t:
         await t.ensure_topics([topic])
@@ -83,6 +83,24 @@ async def test_concurrent_acks_share_one_offset_commit(tansu_server: TansuServer
         await asyncio.gather(*(t.ack(d) for d in deliveries))
         assert len(commits) == 1, commits
         assert await committed(tansu_server, group, topic) == 40
+        reader.stop()
+
+
+async def test_an_ack_waits_for_no_timer(tansu_server: TansuServer) -> None:
+    """An ack's commit starts at once, not ``linger_ms`` after it (which only batches produced
+    records): with a 3 s linger, an ack without results returns, committed, well before."""
+    topic, group = f"debate:now{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:8]}"
+    async with KafkaTransport(tansu_server.bootstrap, partitions=1, **GROUP_OPTIONS) as t:
+        await t.ensure_topics([topic])
+        await t.publish(Outgoing(topic, b"m", key="r"))
+    options = {**GROUP_OPTIONS, "linger_ms": 3000}
+    async with KafkaTransport(tansu_server.bootstrap, partitions=1, **options) as t:
+        reader = Reader(t.consume([topic], group=group, consumer="c1"))
+        delivery = await reader.next(WAIT)
+        started = time.monotonic()
+        await t.ack(delivery)
+        assert time.monotonic() - started < 2.0
+        assert await committed(tansu_server, group, topic) == 1
         reader.stop()
 
 

@@ -288,17 +288,16 @@ class Member:
             self.ready.set()
 
     async def commit(self) -> None:
-        """Commit every partition's settled prefix, ``linger_ms`` from the first call: callers
-        meanwhile share that commit, so 200 acks cost a few requests, not 200. Returns once a
-        commit that started after this call landed; raises what it raised."""
+        """Commit every partition's settled prefix. One commit is in flight at a time; callers
+        meanwhile share the next, which starts as soon as it lands: a burst of 200 acks costs a
+        commit or two, not 200, and no ack waits for a timer. Returns once a commit that started
+        after this call landed; raises what it raised."""
         if self._next_commit is None:
-            self._next_commit = asyncio.ensure_future(self._commit_after(self.settings.linger))
+            self._next_commit = asyncio.ensure_future(self._commit_next())
             self._next_commit.add_done_callback(_retrieved)
         await asyncio.shield(self._next_commit)
 
-    async def _commit_after(self, delay: float) -> None:
-        if delay > 0:
-            await asyncio.sleep(delay)
+    async def _commit_next(self) -> None:
         async with self._commit_lock:
             # Settles from here on wait for the next commit: this one may miss them.
             self._next_commit = None

@@ -77,11 +77,6 @@ class KafkaSettings:
         return self.revoke_grace_ms / 1000
 
     @property
-    def linger(self) -> float:
-        """``linger_ms`` in seconds."""
-        return self.linger_ms / 1000
-
-    @property
     def fetch_options(self) -> dict[str, Any]:
         """aiokafka consumer options of every consumer, group member or reader."""
         # Tansu answers a parked fetch only when fetch_max_wait_ms runs out, not when data

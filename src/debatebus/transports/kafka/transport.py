@@ -73,8 +73,9 @@ class KafkaTransport(Transport):
     ``replication_factor`` apply to the topics this transport creates. ``revoke_grace_ms``: how
     long a rebalance waits for in-flight deliveries of revoked partitions to be settled before
     committing and letting go (longer ones are redelivered to the new owner). ``linger_ms``: how
-    long a produced record, and an ack's offset commit, wait for others to share their request
-    (fewer, larger requests: less CPU per message for a few ms of latency).
+    long a produced record waits for others to share its request (fewer, larger requests: less
+    CPU per message for a few ms of latency). Offset commits need no timer: acks share the commit
+    after the one in flight.
     """
 
     #: ``read_range`` positions are per-partition offsets (or times), not stream ids.
