@@ -1,18 +1,20 @@
-"""One asyncio primitive per event loop, for objects that outlive a loop.
+"""asyncio helpers for objects that many tasks, or several event loops, share.
 
-An ``asyncio.Lock`` or ``Semaphore`` binds to the loop that first waits on it, and raises "bound to
-a different event loop" in any other. A handler, a model or a rate limiter may serve one loop
-after another (``asyncio.run`` twice, a test per loop), so each loop gets its own.
+``PerLoop``: an ``asyncio.Lock`` or ``Semaphore`` binds to the loop that first waits on it, and
+raises "bound to a different event loop" in any other. A handler, a model or a rate limiter may
+serve one loop after another (``asyncio.run`` twice, a test per loop), so each loop gets its own.
+
+``SharedCall``: concurrent callers share the one call in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
-__all__ = ["PerLoop"]
+__all__ = ["PerLoop", "SharedCall"]
 
 T = TypeVar("T")
 
@@ -34,3 +36,34 @@ class PerLoop(Generic[T]):
         if value is None:
             value = self._by_loop[loop] = self._make()
         return value
+
+
+class SharedCall:
+    """Awaiting it calls ``func``, unless a call is in flight already: then it waits for that
+    one, and shares its outcome. After a Redis restart, the hundreds of commands of a burst that
+    all found their script missing load it once, not once each (which took a connection each,
+    more than the pool holds)."""
+
+    __slots__ = ("_flight", "_func")
+
+    def __init__(self, func: Callable[[], Awaitable[None]]) -> None:
+        self._func = func
+        self._flight: asyncio.Future[None] | None = None
+
+    async def __call__(self) -> None:
+        if self._flight is None:
+            self._flight = asyncio.ensure_future(self._call())
+            self._flight.add_done_callback(_retrieved)
+        await asyncio.shield(self._flight)
+
+    async def _call(self) -> None:
+        try:
+            await self._func()
+        finally:
+            self._flight = None
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    # Every caller may have been cancelled meanwhile: nobody else reads the call's error.
+    if not future.cancelled():
+        future.exception()

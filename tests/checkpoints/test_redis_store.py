@@ -56,6 +56,29 @@ async def test_survives_a_server_restart_with_aof(own_server: RedisServer) -> No
         assert await store.renew_lease("d1", "w1", 120) is True
 
 
+async def test_a_burst_after_redis_forgot_the_scripts_loads_them_once(
+        own_server: RedisServer) -> None:
+    """After a Redis restart (here: SCRIPT FLUSH), 300 lease renewals at once all find their
+    script missing: they load the scripts once between them. (Each loading them took a pool
+    connection of its own: the burst ran the pool dry and failed.)"""
+    raw = Redis.from_url(own_server.url)
+    async with RedisCheckpointStore(own_server.url, prefix=_prefix()) as store:
+        for i in range(300):
+            assert await store.acquire_lease(f"d{i}", "w1", 120) is True
+        await raw.script_flush()
+        loads = await _script_loads(raw)
+        renewed = await asyncio.gather(*(store.renew_lease(f"d{i}", "w1", 120)
+                                         for i in range(300)))
+        assert all(renewed)
+        assert await _script_loads(raw) - loads == 3  # the three batched scripts, once each
+    await raw.aclose()
+
+
+async def _script_loads(raw: Redis) -> int:
+    stats = await raw.info("commandstats")
+    return int(stats.get("cmdstat_script|load", {}).get("calls", 0))
+
+
 async def test_unreachable_server_is_a_transport_error() -> None:
     store = RedisCheckpointStore(f"redis://127.0.0.1:{free_port()}/0", connect_timeout=0.5)
     with pytest.raises(TransportError, match="redis-server running"):

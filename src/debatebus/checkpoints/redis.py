@@ -45,6 +45,7 @@ from debatebus.checkpoints.base import (
     require_entries,
 )
 from debatebus.exceptions import TransportError
+from debatebus.loops import SharedCall
 from debatebus.transports.redis_cluster import Batcher, make_batcher
 from debatebus.transports.redis_common import (
     RedisClient,
@@ -189,6 +190,7 @@ class RedisCheckpointStore(CheckpointStore):
         self._conn: tuple[RedisClient, _Scripts] | None = None
         self._connecting = asyncio.Lock()
         self._batch: Batcher | None = None
+        self._reload_scripts = SharedCall(self._load_scripts_again)
 
     # ---- plumbing -----------------------------------------------------------------------------
 
@@ -224,6 +226,9 @@ class RedisCheckpointStore(CheckpointStore):
         async with self._bounded():  # batched calls send EVALSHA only
             for script in (scripts.start, scripts.finish, scripts.renew):
                 script.sha = await client.script_load(script.script)
+
+    async def _load_scripts_again(self) -> None:
+        await self._load_scripts(*await self._client())
 
     async def close(self) -> None:
         batch, self._batch = self._batch, None
@@ -330,14 +335,14 @@ class RedisCheckpointStore(CheckpointStore):
 
     async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """A hot-path script call (EVALSHA), pipelined like every other hot-path command."""
-        client, scripts = self._conn or await self._client()
+        _, scripts = self._conn or await self._client()
         command = ("EVALSHA", getattr(scripts, name).sha, len(keys), *keys, *args)
         try:
             [reply] = await (self._batch or await self._batcher()).submit([command])
         except TransportError as exc:
             if not isinstance(exc.__cause__, NoScriptError):
                 raise
-            await self._load_scripts(client, scripts)  # Redis restarted and forgot them
+            await self._reload_scripts()  # Redis restarted and forgot them
             [reply] = await (self._batch or await self._batcher()).submit([command])
         return reply
 

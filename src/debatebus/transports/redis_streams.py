@@ -52,6 +52,7 @@ from redis import exceptions as redis_errors
 from redis.exceptions import NoScriptError
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.loops import SharedCall
 from debatebus.transports.base import (
     HEARTBEAT_STREAM_MAXLEN,
     HEARTBEAT_TOPIC,
@@ -131,6 +132,7 @@ class RedisStreamsTransport(Transport):
         self._key = self._link.key
         self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms)
         self._batcher: Batcher | None = None
+        self._load_settle = SharedCall(self._load_settle_script)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -214,12 +216,15 @@ class RedisStreamsTransport(Transport):
         except TransportError as e:
             if not isinstance(e.__cause__, NoScriptError):
                 raise
-            async with self._link.call():  # a restarted Redis forgot the script: load it, once
-                await self._link.redis().script_load(SETTLE)
+            await self._load_settle()  # a restarted Redis forgot the script
             (settled,) = await self._submit_to().submit((command,))
         seat.inflight.discard(delivery.id)
         if not settled:
             log.debug("%s %s was settled already: nothing published", seat.topic, delivery.id)
+
+    async def _load_settle_script(self) -> None:
+        async with self._link.call():
+            await self._link.redis().script_load(SETTLE)
 
     def _dead_letter_fields(self, delivery: Delivery, reason: str) -> list[Any]:
         return [*message_fields(delivery.body, delivery.key, delivery.headers),
