@@ -164,17 +164,19 @@ def _rows(path: Path) -> dict[str, int]:
 
 async def test_purge_deletes_what_expired(tmp_path: Path) -> None:
     path = tmp_path / "ttl.db"
-    async with SQLiteCheckpointStore(path, retention_s=0.3) as store:
+    # Retention 1.1 s, marker 2.2 s: each check has about a second of slack on a stalled machine
+    # (the sleeps only ever run late, so being past a time is certain).
+    async with SQLiteCheckpointStore(path, retention_s=1.1) as store:
         await store.begin("c1", b"h")
         await store.append("c1", b"e1", Counters(calls=1))
         await store.put_result("r1", b"r")
         await store.begin("kept", b"h", retention_s=60)
         assert await store.purge_expired() == 0
-        await asyncio.sleep(0.5)  # past the retention, not past the marker (kept 0.6 s)
+        await asyncio.sleep(1.2)  # past the retention, not past the marker (kept 2.2 s)
         assert await store.purge_expired() == 2  # checkpoint c1 (with its entry) and result r1
         assert _rows(path) == {"checkpoints": 1, "entries": 0, "results": 0, "finished": 1}
         assert await store.result_expired("r1") is True
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.1)  # 2.3 s in all: past the marker
         assert await store.purge_expired() == 0
         assert _rows(path)["finished"] == 0  # the marker went too
         assert await store.result_expired("r1") is False

@@ -338,19 +338,25 @@ async def test_append_many_before_start_is_refused(store: CheckpointStore) -> No
 
 # ---- retention --------------------------------------------------------------------------------
 
-KEEP = 1.0  # retention for expiry tests
-PAST_KEEP = 1.3  # past KEEP, not yet past the finished marker (kept 2 * KEEP)
+# A sleep only ever runs late: being past a time after one is certain, while what must still be
+# kept needs slack for a stalled machine (about a second in these tests).
+KEEP = 1.2  # retention for expiry tests
+PAST_KEEP = 1.3  # past KEEP, 1.1 s short of the finished marker (kept 2 * KEEP)
+# For a checkpoint written twice: each of two steps stays 1 s inside KEEP_TWICE, together past it.
+KEEP_TWICE = 2.2
+STEP = 1.2
 
 
 async def test_checkpoints_expire_retention_after_their_last_write(store: CheckpointStore) -> None:
-    # The store keeps 7 days; the calls ask for KEEP (as a handler's retention_s does).
-    await store.start("k1", "me", LONG, b"h", retention_s=KEEP)
-    await asyncio.sleep(0.7)
-    await store.append_many("k1", [b"r1"], usage(1), retention_s=KEEP)  # retention starts again
-    await asyncio.sleep(0.7)  # past KEEP since start, not since the append
+    # The store keeps 7 days; the calls ask for KEEP_TWICE (as a handler's retention_s does).
+    await store.start("k1", "me", LONG, b"h", retention_s=KEEP_TWICE)
+    await asyncio.sleep(STEP)
+    # The append starts the retention again.
+    await store.append_many("k1", [b"r1"], usage(1), retention_s=KEEP_TWICE)
+    await asyncio.sleep(STEP)  # past KEEP_TWICE since start, not since the append
     loaded = await store.load("k1")
     assert loaded is not None and loaded.entries == [b"r1"]
-    await asyncio.sleep(PAST_KEEP)
+    await asyncio.sleep(STEP)  # past KEEP_TWICE since the append too
     assert await store.load("k1") is None
     assert await store.size_bytes("k1") == 0
     with pytest.raises(ConfigError, match="before begin"):

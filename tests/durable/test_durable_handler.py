@@ -118,7 +118,8 @@ async def test_rerun_runs_afresh_under_a_new_debate_id() -> None:
 
 async def test_live_lease_blocks_a_second_run_and_expired_one_allows_resume() -> None:
     store = MemoryCheckpointStore()
-    assert await store.acquire_lease("d4", "other-worker", 0.6)
+    # Live 1 s past the check below, so a stalled machine cannot see it lapse before then.
+    assert await store.acquire_lease("d4", "other-worker", 1.3)
     llm = CountingLLM()
     task = asyncio.create_task(debate(llm).as_handler(store=store, lease_ttl_s=5)(
         {"input": "t"}, request_id="d4"))
@@ -136,7 +137,9 @@ async def test_losing_the_lease_stops_the_run_without_a_result() -> None:
         await asyncio.sleep(0.05)
         return {"consensus": False, "summary": "s"} if request.purpose == "judge" else "x"
 
-    handler = debate(FunctionLLM(slow), rounds=20).as_handler(store=store, lease_ttl_s=0.3)
+    # Renewed every 0.5 s: a stall of a second between renewals does not lose the lease; the
+    # debate (20 rounds of 0.05 s calls) outlasts the renewal that finds it taken.
+    handler = debate(FunctionLLM(slow), rounds=20).as_handler(store=store, lease_ttl_s=1.5)
     task = asyncio.create_task(handler({"input": "t"}, request_id="d5"))
     await asyncio.sleep(0.2)
     lease = await store.get_lease("d5")

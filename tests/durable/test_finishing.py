@@ -63,11 +63,19 @@ async def test_a_debate_waiting_for_its_turn_to_finish_keeps_its_lease(
     request could take its debate over meanwhile."""
     monkeypatch.setattr(durable, "FINISHING", 1)
     store, calls = HeldFinishes(), []
-    handler = debate(llm(calls, wait=True), rounds=1).as_handler(store=store, lease_ttl_s=0.3)
+    # Renewed every 0.5 s: a stall of a second between renewals still leaves the lease live.
+    ttl = 1.5
+    handler = debate(llm(calls, wait=True), rounds=1).as_handler(store=store, lease_ttl_s=ttl)
     first = asyncio.create_task(handler({"input": "q"}, request_id="r1"))
     await asyncio.wait_for(store.full_at(1), 10)
+    per_debate = len(calls)  # the first debate's model calls, all made
     second = asyncio.create_task(handler({"input": "q"}, request_id="r2"))
-    await asyncio.sleep(1.0)  # ended long ago, waiting for the slot: three ttls
+    for _ in range(1000):  # its model calls take milliseconds
+        if len(calls) == 2 * per_debate:
+            break
+        await asyncio.sleep(0.01)
+    assert len(calls) == 2 * per_debate, "the second debate never ended"
+    await asyncio.sleep(ttl + 0.3)  # ended, waiting for the slot: past a ttl since then
     assert store.waiting == 1 and not second.done()
     lease = await store.get_lease("r2")
     assert lease is not None, "the waiting debate's lease lapsed"

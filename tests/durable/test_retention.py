@@ -14,16 +14,23 @@ from debatebus.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.exceptions import ConfigError
 
+#: The retention these tests ask for. They wait ``WAIT`` after the result is stored: certainly past
+#: the retention (a sleep only ever runs late), and about a second short of the finished marker
+#: (kept twice the retention), so a stall of a second or so fails neither the replay just after
+#: the first run nor the expired re-run after the wait.
+RETENTION = 1.1
+WAIT = RETENTION + 0.1
 
-async def _expired_result_runs_again(store: CheckpointStore, handler_retention: float | None,
-                                     wait: float) -> None:
+
+async def _expired_result_runs_again(store: CheckpointStore,
+                                     handler_retention: float | None) -> None:
     llm = CountingLLM()
     handler = debate(llm, rounds=2).as_handler(store=store, retention_s=handler_retention)
     first = await handler({"input": "t"}, request_id="d1")
     assert first["debateReplayed"] is False and "debateResultExpired" not in first
     replayed = await handler({"input": "t"}, request_id="d1")
     assert replayed["debateReplayed"] is True and len(llm.calls) == needed_calls(2)
-    await asyncio.sleep(wait)
+    await asyncio.sleep(WAIT)
     again = await handler({"input": "t"}, request_id="d1")
     assert again["debateStatus"] == "completed"
     assert again["debateReplayed"] is False
@@ -35,12 +42,12 @@ async def _expired_result_runs_again(store: CheckpointStore, handler_retention: 
 
 
 async def test_the_stores_retention() -> None:
-    await _expired_result_runs_again(MemoryCheckpointStore(retention_s=0.5), None, wait=0.7)
+    await _expired_result_runs_again(MemoryCheckpointStore(retention_s=RETENTION), None)
 
 
 async def test_the_handlers_retention_overrides_the_stores(tmp_path: Path) -> None:
     async with SQLiteCheckpointStore(tmp_path / "r.db") as store:  # keeps 7 days itself
-        await _expired_result_runs_again(store, 0.5, wait=0.7)
+        await _expired_result_runs_again(store, RETENTION)
 
 
 @pytest.mark.redis
@@ -48,8 +55,9 @@ async def test_on_redis(redis_server: RedisServer) -> None:
     from debatebus.checkpoints import RedisCheckpointStore
 
     prefix = f"test-{uuid.uuid4().hex[:12]}"
-    async with RedisCheckpointStore(redis_server.url, prefix=prefix, retention_s=0.5) as store:
-        await _expired_result_runs_again(store, None, wait=0.7)
+    async with RedisCheckpointStore(redis_server.url, prefix=prefix,
+                                    retention_s=RETENTION) as store:
+        await _expired_result_runs_again(store, None)
 
 
 @pytest.mark.parametrize("retention", [0, -5.0, float("nan")])

@@ -61,13 +61,32 @@ async def timed(coro: Any) -> float:
     return time.monotonic() - started
 
 
-async def granted_now(limiter: RateLimiter, **kwargs: int) -> bool:
-    """Whether ``acquire`` succeeds without waiting for a refill (0.1 s of slack)."""
+async def warm(limiter: RateLimiter) -> RateLimiter:
+    """Connects a Redis limiter and loads its script, so that timings measure waits for budget,
+    not a first connection: ``penalize(0)`` takes nothing and pauses nobody."""
+    await limiter.penalize(0)
+    return limiter
+
+
+async def _granted_within(limiter: RateLimiter, seconds: float, **kwargs: int) -> bool:
     try:
-        await asyncio.wait_for(limiter.acquire(**kwargs), 0.1)
+        await asyncio.wait_for(limiter.acquire(**kwargs), seconds)
     except TimeoutError:
         return False
     return True
+
+
+async def granted_now(limiter: RateLimiter, **kwargs: int) -> bool:
+    """Whether ``acquire`` succeeds without waiting for a refill: within 2 s, room for a loaded
+    machine (and a first connection to Redis), where every case expected to wait needs 5 s and
+    more (or a release that never comes)."""
+    return await _granted_within(limiter, 2.0, **kwargs)
+
+
+async def still_waiting(limiter: RateLimiter, **kwargs: int) -> bool:
+    """Whether ``acquire`` has not succeeded after 0.2 s (it is cancelled then, taking nothing).
+    Every case asked needs 5 s and more, so a slow machine cannot make it succeed in time."""
+    return not await _granted_within(limiter, 0.2, **kwargs)
 
 
 # --- RateLimit ---------------------------------------------------------------------------------
@@ -103,42 +122,54 @@ def test_limit_names_must_be_usable_as_a_hash_tag(name: str) -> None:
 
 
 async def test_requests_are_granted_up_to_the_bucket_then_at_the_refill_rate(make: Factory) -> None:
-    limiter = make(RateLimit(requests_per_minute=10, period_s=1.0))  # 10 at once, then 10/s
-    assert await timed(asyncio.gather(*(limiter.acquire() for _ in range(10)))) < 0.2
-    waited = await timed(asyncio.gather(*(limiter.acquire() for _ in range(5))))
-    assert 0.4 <= waited < 1.2  # 5 more at 10/s
+    limiter = await warm(make(RateLimit(requests_per_minute=10, period_s=2.0)))  # 10, then 5/s
+    started = time.monotonic()
+    # 10 at once: 10 round trips, where refilling them one by one would take 1.8 s.
+    assert await timed(asyncio.gather(*(limiter.acquire() for _ in range(10)))) < 1.0
+    await asyncio.gather(*(limiter.acquire() for _ in range(5)))
+    # 5 more at 5/s: 10 + 5 × (seconds since the start) grants at most, on any machine.
+    assert 0.95 <= time.monotonic() - started < 2.5
 
 
 async def test_tokens_wait_for_the_bucket_and_settle_corrects_the_estimate(make: Factory) -> None:
     limiter = make(RateLimit(tokens_per_minute=1000, period_s=60.0))  # refills 16.7 tokens/s
     permit = await limiter.acquire(tokens=900)
-    assert not await granted_now(limiter, tokens=500)
+    assert await still_waiting(limiter, tokens=500)
     await limiter.settle(permit, 300)  # 600 come back: ~700 now
     assert await granted_now(limiter, tokens=690)
-    assert not await granted_now(limiter, tokens=100)
+    assert await still_waiting(limiter, tokens=100)
 
 
 async def test_settle_can_leave_the_bucket_in_debt(make: Factory) -> None:
-    limiter = make(RateLimit(tokens_per_minute=600, period_s=6.0))  # 100 tokens/s
+    limiter = await warm(make(RateLimit(tokens_per_minute=600, period_s=6.0)))  # 100 tokens/s
+    started = time.monotonic()
     permit = await limiter.acquire(tokens=100)
     await limiter.settle(permit, 700)  # 600 more than estimated: the bucket is at -100
     await limiter.settle(permit, 5000)  # a permit settles once
-    waited = await timed(limiter.acquire(tokens=50))
-    assert 1.2 <= waited < 2.5  # back from -100 to 50 at 100/s
+    await limiter.acquire(tokens=50)
+    # From -100 to 50 at 100/s: 1.5 s after the first acquire at least, however slow the steps
+    # in between (a full bucket of 600 again would take 7 s).
+    assert 1.45 <= time.monotonic() - started < 3.0
 
 
 async def test_a_call_larger_than_the_bucket_waits_for_a_full_bucket(make: Factory) -> None:
     limiter = make(RateLimit(tokens_per_minute=200, period_s=1.0))
     assert await granted_now(limiter, tokens=5000)  # full: granted, the bucket goes into debt
-    assert not await granted_now(limiter, tokens=1)
+    assert await still_waiting(limiter, tokens=1)
 
 
 async def test_penalize_pauses_every_caller(make: Factory) -> None:
-    limiter = make(RateLimit(requests_per_minute=1000))
+    limiter = await warm(make(RateLimit(requests_per_minute=1000)))
+    started = time.monotonic()
+
+    async def granted_at() -> float:
+        await limiter.acquire()
+        return time.monotonic() - started
+
     await limiter.penalize(0.5)
     await limiter.penalize(0.1)  # a shorter pause does not cut the longer one
-    waits = await asyncio.gather(*(timed(limiter.acquire()) for _ in range(3)))
-    assert all(0.4 <= wait < 1.5 for wait in waits)
+    waits = await asyncio.gather(*(granted_at() for _ in range(3)))
+    assert all(0.45 <= wait < 1.5 for wait in waits), waits  # 0.5 s from before penalize()
 
 
 async def test_max_concurrent_holds_until_release(make: Factory) -> None:
@@ -149,14 +180,14 @@ async def test_max_concurrent_holds_until_release(make: Factory) -> None:
     assert not third.done()
     await limiter.release(first)
     await limiter.release(first)  # a permit releases once
-    await asyncio.wait_for(third, 1.0)
-    assert not await granted_now(limiter)
+    await asyncio.wait_for(third, 5.0)
+    assert await still_waiting(limiter)
 
 
 async def test_a_cancelled_wait_takes_nothing(make: Factory) -> None:
     limiter = make(RateLimit(max_concurrent=1))
     held = await limiter.acquire()
-    assert not await granted_now(limiter)  # wait_for cancelled it mid-wait
+    assert await still_waiting(limiter)  # wait_for cancelled it mid-wait
     await limiter.release(held)
     assert await granted_now(limiter)
 
@@ -165,9 +196,12 @@ async def test_every_grant_reports_its_wait(make: Factory) -> None:
     waits: list[tuple[str, float]] = []
     limiter = make(RateLimit(requests_per_minute=60, period_s=0.5), name="reported",
                    on_wait=lambda name, seconds: waits.append((name, seconds)))
-    permits = [await limiter.acquire() for _ in range(61)]
+    await warm(limiter)
+    first_took = await timed(limiter.acquire())
+    permits = [await limiter.acquire() for _ in range(60)]
     assert [name for name, _ in waits] == ["reported"] * 61
-    assert waits[0][1] < 0.1 and waits[-1][1] > 0.0
+    assert 0.0 <= waits[0][1] <= first_took  # the acquire's own wait, in seconds
+    assert waits[-1][1] > 0.0
     assert permits[-1].waited_s == waits[-1][1]
 
 
@@ -181,12 +215,12 @@ async def test_redis_limiters_with_one_name_share_one_bucket(redis_server: Any) 
     other = RedisRateLimiter(redis_server.url, f"other-{name}", limit)
     try:
         held = [await one.acquire(), await two.acquire(), await one.acquire()]
-        assert not await granted_now(two)  # 3 slots held across both clients
+        assert await still_waiting(two)  # 3 slots held across both clients
         await one.release(held[0])
         assert await granted_now(two)  # the 4th request of 4
         assert await granted_now(other)  # another name: its own bucket
         await one.release(held[1])
-        assert not await granted_now(two)  # a slot is free, but the minute's 4 requests are gone
+        assert await still_waiting(two)  # a slot is free, but the minute's 4 requests are gone
         await two.penalize(30)
         keys = sorted(k.decode() for k in redis_server.client().keys(f"*:{{ratelimit:{name}}}:*"))
         assert keys == [f"debatebus:{{ratelimit:{name}}}:bucket",
@@ -229,7 +263,7 @@ async def test_rate_limited_llm_charges_what_the_response_used() -> None:
     assert llm.model == inner.model
     assert (await llm.complete(REQUEST)).text == "hi"
     assert await granted_now(limiter, tokens=980)  # 1000 - 20 actually used
-    assert not await granted_now(limiter, tokens=1)
+    assert await still_waiting(limiter, tokens=1)
 
 
 async def test_a_failed_call_keeps_its_estimate_charged_and_frees_its_slot() -> None:
@@ -239,7 +273,7 @@ async def test_a_failed_call_keeps_its_estimate_charged_and_frees_its_slot() -> 
     with pytest.raises(LLMError, match="down"):
         await llm.complete(REQUEST)
     assert await granted_now(limiter, tokens=1000 - 111)  # the estimate stays taken
-    assert not await granted_now(limiter, tokens=1)
+    assert await still_waiting(limiter, tokens=1)
 
 
 async def test_a_cancelled_call_frees_its_slot() -> None:
@@ -247,7 +281,7 @@ async def test_a_cancelled_call_frees_its_slot() -> None:
     llm = RateLimitedLLM(FunctionLLM(lambda request: asyncio.sleep(60)), limiter)
     call = asyncio.create_task(llm.complete(REQUEST))
     await asyncio.sleep(0.05)
-    assert not await granted_now(limiter)
+    assert await still_waiting(limiter)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
@@ -276,10 +310,13 @@ async def test_retry_after_from_the_provider_pauses_the_fleet(
     provider = OpenAICompatibleLLM("fake-model", base_url=f"{fake_api.url}/v1",
                                    retry_policy=RetryPolicy(sleep=sleeps))
     try:
+        await warm(mine)
+        await warm(theirs)
+        started = time.monotonic()
         assert (await RateLimitedLLM(provider, mine).complete(REQUEST)).text == "ok"
         assert sleeps.delays == [1.0]  # the provider's own retry waited as asked
-        waited = await timed(theirs.acquire())  # another worker's limiter waits too
-        assert 0.5 <= waited < 1.5
+        await theirs.acquire()  # another worker's limiter waits too: 1 s from the 429 on
+        assert 0.95 <= time.monotonic() - started < 2.5
     finally:
         await mine.close()
         await theirs.close()

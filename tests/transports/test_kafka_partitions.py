@@ -31,7 +31,9 @@ from debatebus.transports.kafka import KafkaTransport, kafka_topic
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 PARTITIONS = 3
-MAX_REQUESTS = 200  # a bound on the flow, should the group never change
+# A bound on the flow, should the group never change: at 6 a second, beyond the waits before
+# the group has changed (211 s at most), however slow the machine.
+MAX_REQUESTS = 2000
 #: The worker app's debate with 2 rounds and a judge: framing, 2 × (2 turns + verdict), synthesis.
 NEEDED = 8
 
