@@ -232,6 +232,36 @@ async def test_redis_limiters_with_one_name_share_one_bucket(redis_server: Any) 
             await limiter.close()
 
 
+async def test_a_burst_of_calls_ending_at_once_settles_and_frees_every_slot(
+        redis_server: Any) -> None:
+    """300 calls ending in one tick (a provider answering a batch at once) settle their tokens
+    and free their slots together: pipelined over one connection. (A connection each ran
+    redis-py's pool of 100 dry: the settles failed, and the slots stayed held until their
+    lease ran out, minutes later.) Then the next 300 are granted at once."""
+    limiter = RedisRateLimiter(redis_server.url, f"burst-{uuid.uuid4().hex[:8]}",
+                               RateLimit(tokens_per_minute=10_000_000, max_concurrent=300))
+    try:
+        permits = [await limiter.acquire(tokens=10) for _ in range(300)]
+        assert await still_waiting(limiter)  # every slot is held
+        await asyncio.gather(*(limiter.settle(p, 20) for p in permits))
+        await asyncio.gather(*(limiter.release(p) for p in permits))
+        assert await granted_now(limiter)
+        await asyncio.wait_for(asyncio.gather(*(limiter.acquire() for _ in range(299))), 10)
+    finally:
+        await limiter.close()
+
+
+async def test_redis_forgetting_the_script_is_survived(redis_server: Any) -> None:
+    limiter = RedisRateLimiter(redis_server.url, f"flush-{uuid.uuid4().hex[:8]}",
+                               RateLimit(requests_per_minute=600))
+    try:
+        await limiter.acquire()
+        redis_server.client().script_flush()  # what a restarted Redis has forgotten
+        await asyncio.gather(*(limiter.acquire() for _ in range(50)))
+    finally:
+        await limiter.close()
+
+
 async def test_an_unreachable_redis_raises_transport_error() -> None:
     limiter = RedisRateLimiter(f"redis://127.0.0.1:{free_port()}/0", "m",
                                RateLimit(requests_per_minute=1), connect_timeout=0.5)

@@ -31,7 +31,6 @@ import math
 from typing import Any, Literal
 
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
 
 from debatebus.checkpoints._common import lease_ttl_ms, marker_ms, not_begun
 from debatebus.checkpoints.base import (
@@ -44,9 +43,8 @@ from debatebus.checkpoints.base import (
     StoredCheckpoint,
     require_entries,
 )
-from debatebus.exceptions import TransportError
 from debatebus.loops import SharedCall
-from debatebus.transports.redis_cluster import Batcher, make_batcher
+from debatebus.transports.redis_cluster import Batcher, evalsha, make_batcher
 from debatebus.transports.redis_common import (
     RedisClient,
     build_client,
@@ -337,14 +335,7 @@ class RedisCheckpointStore(CheckpointStore):
         """A hot-path script call (EVALSHA), pipelined like every other hot-path command."""
         _, scripts = self._conn or await self._client()
         command = ("EVALSHA", getattr(scripts, name).sha, len(keys), *keys, *args)
-        try:
-            [reply] = await (self._batch or await self._batcher()).submit([command])
-        except TransportError as exc:
-            if not isinstance(exc.__cause__, NoScriptError):
-                raise
-            await self._reload_scripts()  # Redis restarted and forgot them
-            [reply] = await (self._batch or await self._batcher()).submit([command])
-        return reply
+        return await evalsha(self._batch or await self._batcher(), command, self._reload_scripts)
 
     async def _lease_script(
         self, name: Literal["acquire", "renew", "release"], debate_id: str, owner: str, *args: int

@@ -13,9 +13,8 @@ frees itself after ``lease_s``.
 
 from __future__ import annotations
 
+import hashlib
 import math
-
-from redis.commands.core import AsyncScript
 
 from debatebus.llm.ratelimit import (
     CONCURRENCY_POLL_S,
@@ -24,6 +23,8 @@ from debatebus.llm.ratelimit import (
     RateLimiter,
     WaitObserver,
 )
+from debatebus.loops import SharedCall
+from debatebus.transports.redis_cluster import Batcher, evalsha, make_batcher
 from debatebus.transports.redis_common import (
     RedisClient,
     build_client,
@@ -99,6 +100,8 @@ if max_conc > 0 then
 end
 return '0'
 """
+_SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()
+
 
 
 class RedisRateLimiter(RateLimiter):
@@ -131,21 +134,29 @@ class RedisRateLimiter(RateLimiter):
             limit.max_concurrent or 0,
         )
         self._client: RedisClient | None = None
-        self._script: AsyncScript | None = None
+        self._batch: Batcher | None = None
+        self._load_script = SharedCall(self._load)
 
-    def _connection(self) -> AsyncScript:
-        if self._script is None:
+    def _batcher(self) -> Batcher:
+        if self._batch is None:
             self._client = self._given or build_client(
                 self._url or "", connect_timeout=self._connect_timeout)
-            self._script = self._client.register_script(_SCRIPT)  # EVALSHA, loading it if missing
-        return self._script
+            self._batch = make_batcher(self._client, self._where, timeout=self.timeout_s)
+            self._batch.start()
+        return self._batch
 
     async def _run(self, op: str, *args: float | int | str) -> float:
-        """One script call: milliseconds worth waiting (0 when done) → seconds."""
-        script = self._connection()
+        """One script call, pipelined with every other of this loop tick (a burst of calls
+        ending at once settles in a round trip or two, over one connection): milliseconds
+        worth waiting (0 when done) → seconds."""
+        command = ("EVALSHA", _SHA, len(self.keys), *self.keys, op, *self._config, *args)
+        return float(await evalsha(self._batcher(), command, self._load_script)) / 1000.0
+
+    async def _load(self) -> None:
+        client = self._client
+        assert client is not None  # the batcher that found the script missing made it
         async with redis_call(self._where, self.timeout_s):
-            reply = await script(keys=self.keys, args=(op, *self._config, *args))
-        return float(reply) / 1000.0
+            await client.script_load(_SCRIPT)
 
     async def _try_acquire(self, permit: Permit, requests: int) -> float:
         return await self._run("acquire", permit.holder, self._lease_ms, requests, permit.tokens,
@@ -161,6 +172,9 @@ class RedisRateLimiter(RateLimiter):
         await self._run("penalize", max(seconds, 0.0) * 1000.0)
 
     async def close(self) -> None:
-        client, self._client, self._script = self._client, None, None
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            await batch.stop()
+        client, self._client = self._client, None
         if client is not None and self._given is None:
             await client.aclose()

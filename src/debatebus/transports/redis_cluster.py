@@ -48,8 +48,18 @@ from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 from debatebus.transports.redis_common import Command, RedisClient, is_cluster, transport_error
 from debatebus.transports.redis_pipeline import Check, CommandBatcher
 
-__all__ = ["Batcher", "ClusterBatcher", "SlotReads", "by_slot", "check_one_slot", "cluster_key",
-           "command_slot", "make_batcher", "stream_key_rule"]
+__all__ = [
+    "Batcher",
+    "ClusterBatcher",
+    "SlotReads",
+    "by_slot",
+    "check_one_slot",
+    "cluster_key",
+    "command_slot",
+    "evalsha",
+    "make_batcher",
+    "stream_key_rule",
+]
 
 T = TypeVar("T")
 _MAX_REDIRECTS = 16
@@ -169,6 +179,21 @@ class Batcher(Protocol):
 
     def enqueue(self, commands: Sequence[Command], *,
                 check: Check | None = None) -> asyncio.Future[list[Any]]: ...
+
+
+async def evalsha(batch: Batcher, command: Command,
+                  load: Callable[[], Awaitable[None]]) -> Any:
+    """The reply to one ``EVALSHA`` ``command``, pipelined by ``batch``. A Redis that forgot the
+    script (it restarted) gets it from ``load`` (a ``SharedCall``: the burst of commands that
+    found it missing loads it once), and the command again."""
+    try:
+        [reply] = await batch.submit([command])
+    except TransportError as exc:
+        if not isinstance(exc.__cause__, redis_errors.NoScriptError):
+            raise
+        await load()
+        [reply] = await batch.submit([command])
+    return reply
 
 
 def make_batcher(client: RedisClient, where: str, *, timeout: float) -> Batcher:

@@ -49,7 +49,6 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.exceptions import NoScriptError
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.loops import SharedCall
@@ -67,6 +66,7 @@ from debatebus.transports.redis_cluster import (
     Batcher,
     by_slot,
     check_one_slot,
+    evalsha,
     make_batcher,
     stream_key_rule,
 )
@@ -211,13 +211,7 @@ class RedisStreamsTransport(Transport):
         for _, max_len, fields in outputs:
             args += (max_len, len(fields), *fields)
         command = ("EVALSHA", SETTLE_SHA, len(keys), *keys, *args)
-        try:
-            (settled,) = await self._submit_to().submit((command,))
-        except TransportError as e:
-            if not isinstance(e.__cause__, NoScriptError):
-                raise
-            await self._load_settle()  # a restarted Redis forgot the script
-            (settled,) = await self._submit_to().submit((command,))
+        settled = await evalsha(self._submit_to(), command, self._load_settle)
         seat.inflight.discard(delivery.id)
         if not settled:
             log.debug("%s %s was settled already: nothing published", seat.topic, delivery.id)
