@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
@@ -27,13 +28,15 @@ __all__ = ["BusClient", "request_message"]
 class BusClient:
     """``async with BusClient(url) as c: result = await c.request("debate:request", {"input": …})``.
 
-    Without ``broker``: ``$DEBATEBUS_BROKER``, else ``redis://localhost:6379/0`` (``broker_url``)."""
+    Without ``broker``: ``$DEBATEBUS_BROKER``, else ``redis://localhost:6379/0`` (``broker_url``).
+    Requests waiting at once for results of one event type share one subscription."""
 
     def __init__(self, broker: str | Transport | None = None, **transport_options: Any) -> None:
         self.transport = (
             broker if isinstance(broker, Transport)
             else transport_from_url(broker_url(broker), **transport_options)
         )
+        self._listeners: dict[str, _Listener] = {}
 
     async def __aenter__(self) -> Self:
         await self.transport.connect()
@@ -42,6 +45,9 @@ class BusClient:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        listeners, self._listeners = self._listeners, {}
+        for listener in listeners.values():
+            await listener.close()
         await self.transport.close()
 
     async def publish(self, event_type: str, payload: Mapping[str, Any], *,
@@ -54,8 +60,7 @@ class BusClient:
 
     async def results(self, event_type: str) -> AsyncIterator[Envelope]:
         """Every result (completed or failed) of ``event_type`` published after this returns."""
-        topics = [completed_topic(event_type), failed_topic(event_type)]
-        return _decoded(await self.transport.subscribe(topics))
+        return _decoded(await self.transport.subscribe(_result_topics(event_type)))
 
     async def request(self, event_type: str, payload: Mapping[str, Any], *,
                       request_id: str | None = None, timeout: float = 300.0,
@@ -63,24 +68,86 @@ class BusClient:
                       headers: Mapping[str, str] | None = None) -> Envelope:
         """Publish a request and return its result envelope (``payload["debateStatus"]``)."""
         rid = request_id or uuid.uuid4().hex
-        topics = [completed_topic(event_type), failed_topic(event_type)]
-        subscription = await self.transport.subscribe(topics)  # listening before we publish
-        await self.publish(event_type, payload, request_id=rid, correlation_id=correlation_id,
-                           headers=headers)
+        listener = self._listeners.get(event_type)
+        if listener is None or listener.closed:
+            listener = self._listeners[event_type] = _Listener(self.transport, event_type)
         try:
+            answer = await listener.expect(rid)  # listening before we publish
+            await self.publish(event_type, payload, request_id=rid, correlation_id=correlation_id,
+                               headers=headers)
             async with asyncio.timeout(timeout):
-                async for delivery in subscription:
-                    envelope = _decode(delivery)
-                    if envelope is not None and envelope.request_id == rid:
-                        return envelope
+                return await answer
         except TimeoutError:
             raise TransportError(
-                f"no result for request {rid} on {topics[0]} within {timeout} s: is a worker "
-                f"subscribed to {event_type!r} on this broker?"
+                f"no result for request {rid} on {completed_topic(event_type)} within {timeout} s: "
+                f"is a worker subscribed to {event_type!r} on this broker?"
             ) from None
         finally:
-            await subscription.aclose()  # type: ignore[attr-defined]
-        raise TransportError(f"the subscription to {topics} ended before request {rid} was answered")
+            if listener.forget(rid):  # nobody else waits on it: let it go
+                if self._listeners.get(event_type) is listener:
+                    del self._listeners[event_type]
+                await listener.close()
+
+
+class _Listener:
+    """One subscription to an event type's results, handing each to the request waiting for its
+    id. (A subscription per request took a connection each: more requests waiting at once than
+    the connection pool holds failed.)"""
+
+    def __init__(self, transport: Transport, event_type: str) -> None:
+        self.topics = _result_topics(event_type)
+        self.waiting: dict[str, asyncio.Future[Envelope]] = {}
+        self.closed = False
+        self._subscribed = asyncio.ensure_future(transport.subscribe(self.topics))
+        self._task: asyncio.Task[None] | None = None
+
+    async def expect(self, rid: str) -> asyncio.Future[Envelope]:
+        """The future of ``rid``'s result, once the subscription listens. ``rid`` is waited
+        for from the call on (so the listener is not closed under it)."""
+        future = self.waiting[rid] = asyncio.get_running_loop().create_future()
+        try:
+            subscription = await asyncio.shield(self._subscribed)
+        except TransportError:
+            self.closed = True  # the next request subscribes anew
+            raise
+        if self._task is None:
+            self._task = asyncio.create_task(self._hand_out(subscription))
+        return future
+
+    def forget(self, rid: str) -> bool:
+        """Stop waiting for ``rid``; True when nobody waits any more (then close it)."""
+        self.waiting.pop(rid, None)
+        return not self.waiting and not self.closed
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if not self._subscribed.done():
+            self._subscribed.cancel()
+        elif not self._subscribed.cancelled() and self._subscribed.exception() is None:
+            await self._subscribed.result().aclose()  # type: ignore[attr-defined]
+
+    async def _hand_out(self, subscription: AsyncIterator[Delivery]) -> None:
+        error: Exception = TransportError(f"the subscription to {self.topics} ended")
+        try:
+            async for delivery in subscription:
+                envelope = _decode(delivery)
+                future = self.waiting.get(envelope.request_id) if envelope is not None else None
+                if envelope is not None and future is not None and not future.done():
+                    future.set_result(envelope)
+        except TransportError as exc:
+            error = exc
+        self.closed = True
+        for rid, future in self.waiting.items():
+            if not future.done():
+                future.set_exception(TransportError(f"{error} before request {rid} was answered"))
+
+
+def _result_topics(event_type: str) -> list[str]:
+    return [completed_topic(event_type), failed_topic(event_type)]
 
 
 def request_message(event_type: str, payload: Mapping[str, Any], *, request_id: str | None = None,

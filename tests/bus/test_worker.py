@@ -70,6 +70,26 @@ async def test_round_trip_on_every_transport(bus_url: str, event_type: str) -> N
     assert p["debateReplayed"] is False
 
 
+async def test_many_requests_at_once_through_one_client_each_get_their_own_result(
+        bus_url: str, event_type: str) -> None:
+    """300 requests waiting at once share the client's one subscription to the results. (Each
+    had its own: on Redis a connection each, and more than redis-py's pool of 100 failed.)"""
+    n = 300
+    async with running(app_for(bus_url, event_type, concurrency=64)), \
+            BusClient(bus_url, **transport_options(bus_url)) as client:
+        await warm_up(client, event_type)
+        rids = [f"burst-{uuid.uuid4().hex[:8]}" for _ in range(n)]
+        results = await asyncio.gather(*(
+            client.request(event_type, {"input": f"question {i}"}, request_id=rid,
+                           timeout=TIMEOUT) for i, rid in enumerate(rids)))
+        assert [r.request_id for r in results] == rids
+        assert [r.payload["input"] for r in results] == [f"question {i}" for i in range(n)]
+        assert all(r.payload["debateStatus"] == "completed" for r in results)
+        # The shared subscription let go of, a request after the burst subscribes anew.
+        again = await client.request(event_type, {"input": "after"}, timeout=TIMEOUT)
+        assert again.payload["input"] == "after"
+
+
 async def test_failed_debate_is_published_on_failed(event_type: str) -> None:
     def broken(request: LLMRequest) -> Any:
         if request.purpose == "framing":
