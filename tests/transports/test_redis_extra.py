@@ -20,13 +20,14 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import MaxConnectionsError, RedisError
 from tests.support.servers import RedisServer, free_port
 from tests.transports.test_contract import Reader
 
 from debatebus.exceptions import TransportError
 from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
+from debatebus.transports.redis_common import transport_error
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 
@@ -418,6 +419,12 @@ async def test_unreachable_redis_raises_transport_error_naming_the_fix(scheme: s
     assert "redis-server running" in str(failure.value)
     assert isinstance(failure.value.__cause__, RedisError | OSError)
     await t.close()
+
+
+def test_a_pool_run_dry_is_not_called_unreachable() -> None:
+    error = transport_error(MaxConnectionsError("Too many connections"), "127.0.0.1:6390")
+    assert "every connection of the pool to Redis at 127.0.0.1:6390 is in use" in str(error)
+    assert "running there" not in str(error)
 
 
 async def test_redis_going_away_raises_transport_error() -> None:

@@ -229,6 +229,9 @@ def _explain(error: BaseException, where: str) -> str:
     if isinstance(error, ssl.SSLError):
         return (f"the TLS handshake with Redis at {where} failed: check the server's certificate"
                 f" and the URL's ssl_* options (ssl_ca_certs, ssl_cert_reqs…) {cause}")
+    if isinstance(error, redis_errors.MaxConnectionsError):  # a ConnectionError: before it
+        return (f"every connection of the pool to Redis at {where} is in use: fewer calls at once,"
+                f" or a client built with a larger max_connections {cause}")
     if isinstance(error, redis_errors.ConnectionError | OSError):
         return f"cannot reach Redis at {where}: is redis-server running there? {cause}"
     if isinstance(error, redis_errors.ReadOnlyError):
