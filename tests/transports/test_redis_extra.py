@@ -146,6 +146,21 @@ async def test_requeued_message_comes_back_counted(streams: RedisStreamsTranspor
     await streams.ack(again)
 
 
+async def test_200_requeues_at_once_all_land_and_come_back_counted(
+        streams: RedisStreamsTransport, topic: str) -> None:
+    """A handler failing for every request in flight requeues them all at once: pipelined, not
+    a pool connection each (more than its 100 failed)."""
+    n = 200
+    for i in range(n):
+        await streams.publish(Outgoing(topic, b'{"n":%d}' % i))
+    reader = Reader(streams.consume([topic], group="workers", consumer="w1", prefetch=n))
+    first = [await reader.next() for _ in range(n)]
+    await asyncio.gather(*(streams.reject(d, "handler raised", requeue=True) for d in first))
+    again = [await reader.next() for _ in range(n)]
+    assert sorted((d.id, d.deliveries) for d in again) == sorted((d.id, 2) for d in first)
+    await asyncio.gather(*(streams.ack(d) for d in again))
+
+
 async def test_a_live_consumers_long_work_is_not_taken_over(redis_server: RedisServer,
                                                              topic: str, raw: Redis) -> None:
     """The holder refreshes its entries every claim_idle_ms/3, so another consumer polling for

@@ -12,14 +12,14 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports.base import Delivery
 from debatebus.transports.redis_cluster import SlotReads, by_slot
-from debatebus.transports.redis_common import ReadTracker, RedisClient, log, redis_call
+from debatebus.transports.redis_common import Command, ReadTracker, RedisClient, log, redis_call
 from debatebus.transports.redis_entries import entry_to_delivery, stream_entries
 
 __all__ = ["NOT_CONNECTED", "ConsumerGroups", "Seat", "StreamsLink", "seat_of"]
@@ -80,9 +80,11 @@ class ConsumerGroups:
     """Consuming through consumer groups: seats outlive ``consume`` calls (consuming again after
     an error carries on with what is held), and ``start``/``stop`` run the keep-alive."""
 
-    def __init__(self, link: StreamsLink, *, claim_idle_ms: int) -> None:
+    def __init__(self, link: StreamsLink, *, claim_idle_ms: int,
+                 submit: Callable[[Sequence[Command]], Awaitable[list[Any]]]) -> None:
         self._link = link
         self._claim_idle_ms = claim_idle_ms
+        self._submit = submit  # pipelined with the transport's other commands of the tick
         self._seats: dict[tuple[str, str, str], Seat] = {}
         self._keepalive: asyncio.Task[None] | None = None
 
@@ -106,9 +108,8 @@ class ConsumerGroups:
         # Back-dating the entry's idle time makes the next XAUTOCLAIM (ours, or any live
         # consumer's) take it, which also counts the delivery; JUSTID leaves the count alone here.
         # Should this fail, the entry is still released: it is claimed after claim_idle_ms.
-        async with self._link.call():
-            await self._link.redis().xclaim(seat.key, seat.group, seat.consumer, 0, [delivery.id],
-                                            idle=self._claim_idle_ms, justid=True)
+        await self._submit([("XCLAIM", seat.key, seat.group, seat.consumer, 0, delivery.id,
+                             "IDLE", self._claim_idle_ms, "JUSTID")])
         seat.claim_due = True
 
     def _seat(self, topic: str, group: str, consumer: str) -> Seat:

@@ -130,7 +130,8 @@ class RedisStreamsTransport(Transport):
         self._link = StreamsLink(describe(url, client), command_timeout, block_ms, cluster,
                                  stream_key_rule(cluster), client)
         self._key = self._link.key
-        self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms)
+        self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms,
+                                      submit=lambda commands: self._submit_to().submit(commands))
         self._batcher: Batcher | None = None
         self._load_settle = SharedCall(self._load_settle_script)
 
