@@ -29,7 +29,9 @@ class BusClient:
     """``async with BusClient(url) as c: result = await c.request("debate:request", {"input": …})``.
 
     Without ``broker``: ``$DEBATEBUS_BROKER``, else ``redis://localhost:6379/0`` (``broker_url``).
-    Requests waiting at once for results of one event type share one subscription."""
+    The first request of an event type subscribes to its results, and every later one shares
+    that subscription until the client closes (or the subscription fails: then the next request
+    subscribes anew)."""
 
     def __init__(self, broker: str | Transport | None = None, **transport_options: Any) -> None:
         self.transport = (
@@ -83,16 +85,14 @@ class BusClient:
                 f"is a worker subscribed to {event_type!r} on this broker?"
             ) from None
         finally:
-            if listener.forget(rid):  # nobody else waits on it: let it go
-                if self._listeners.get(event_type) is listener:
-                    del self._listeners[event_type]
-                await listener.close()
+            listener.waiting.pop(rid, None)
 
 
 class _Listener:
     """One subscription to an event type's results, handing each to the request waiting for its
     id. (A subscription per request took a connection each: more requests waiting at once than
-    the connection pool holds failed.)"""
+    the connection pool holds failed. One per burst of requests was cut off mid-read when the
+    burst ended, and Redis's connection with it: a reconnect per burst.)"""
 
     def __init__(self, transport: Transport, event_type: str) -> None:
         self.topics = _result_topics(event_type)
@@ -102,8 +102,7 @@ class _Listener:
         self._task: asyncio.Task[None] | None = None
 
     async def expect(self, rid: str) -> asyncio.Future[Envelope]:
-        """The future of ``rid``'s result, once the subscription listens. ``rid`` is waited
-        for from the call on (so the listener is not closed under it)."""
+        """The future of ``rid``'s result, once the subscription listens."""
         future = self.waiting[rid] = asyncio.get_running_loop().create_future()
         try:
             subscription = await asyncio.shield(self._subscribed)
@@ -113,11 +112,6 @@ class _Listener:
         if self._task is None:
             self._task = asyncio.create_task(self._hand_out(subscription))
         return future
-
-    def forget(self, rid: str) -> bool:
-        """Stop waiting for ``rid``; True when nobody waits any more (then close it)."""
-        self.waiting.pop(rid, None)
-        return not self.waiting and not self.closed
 
     async def close(self) -> None:
         self.closed = True
@@ -135,8 +129,10 @@ class _Listener:
         try:
             async for delivery in subscription:
                 envelope = _decode(delivery)
-                future = self.waiting.get(envelope.request_id) if envelope is not None else None
-                if envelope is not None and future is not None and not future.done():
+                if envelope is None:
+                    continue
+                future = self.waiting.get(envelope.request_id)
+                if future is not None and not future.done():
                     future.set_result(envelope)
         except TransportError as exc:
             error = exc

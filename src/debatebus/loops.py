@@ -4,7 +4,8 @@
 raises "bound to a different event loop" in any other. A handler, a model or a rate limiter may
 serve one loop after another (``asyncio.run`` twice, a test per loop), so each loop gets its own.
 
-``SharedCall``: concurrent callers share the one call in flight.
+``SharedCall``: concurrent callers share the one call in flight. ``retrieved``: the done callback of
+a future nobody may await.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["PerLoop", "SharedCall"]
+__all__ = ["PerLoop", "SharedCall", "retrieved"]
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ class SharedCall:
     async def __call__(self) -> None:
         if self._flight is None:
             self._flight = asyncio.ensure_future(self._call())
-            self._flight.add_done_callback(_retrieved)
+            self._flight.add_done_callback(retrieved)
         await asyncio.shield(self._flight)
 
     async def _call(self) -> None:
@@ -63,7 +64,8 @@ class SharedCall:
             self._flight = None
 
 
-def _retrieved(future: asyncio.Future[None]) -> None:
-    # Every caller may have been cancelled meanwhile: nobody else reads the call's error.
+def retrieved(future: asyncio.Future[Any]) -> None:
+    """A done callback for a future nobody may await (its callers cancelled meanwhile, or
+    none: fire and forget): reads its error, which asyncio would log as never retrieved."""
     if not future.cancelled():
         future.exception()

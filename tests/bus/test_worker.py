@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
@@ -16,8 +17,10 @@ from tests.support.servers import free_port
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore, RedisCheckpointStore
 from debatebus.client import BusClient
+from debatebus.exceptions import TransportError
 from debatebus.schemas.events import EVENT_DECODER
-from debatebus.transports import Outgoing, dlq_topic, transport_from_url
+from debatebus.transports import Delivery, Outgoing, dlq_topic, transport_from_url
+from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import DebateBus
 
 TIMEOUT = 60.0
@@ -85,9 +88,40 @@ async def test_many_requests_at_once_through_one_client_each_get_their_own_resul
         assert [r.request_id for r in results] == rids
         assert [r.payload["input"] for r in results] == [f"question {i}" for i in range(n)]
         assert all(r.payload["debateStatus"] == "completed" for r in results)
-        # The shared subscription let go of, a request after the burst subscribes anew.
+        # The shared subscription serves the requests after the burst too.
         again = await client.request(event_type, {"input": "after"}, timeout=TIMEOUT)
         assert again.payload["input"] == "after"
+
+
+class _SubscriptionDropsOnce(MemoryTransport):
+    """Its first subscription breaks at once, as a dropped broker connection would."""
+
+    dropped = False
+
+    async def subscribe(self, topics: Sequence[str]) -> AsyncIterator[Delivery]:
+        if self.dropped:
+            return await super().subscribe(topics)
+        self.dropped = True
+
+        async def broken() -> AsyncIterator[Delivery]:
+            raise TransportError("connection dropped")
+            yield  # an async generator
+
+        return broken()
+
+
+async def test_a_dropped_subscription_fails_its_requests_and_the_next_subscribes_anew(
+        event_type: str) -> None:
+    broker = MemoryBroker()
+    app = DebateBus(MemoryTransport(broker))
+    app.subscribe(event_type, make_debate().as_handler(durable=False))
+    async with running(app), BusClient(_SubscriptionDropsOnce(broker)) as client:
+        with pytest.raises(TransportError, match="connection dropped before request r1 was "
+                                                 "answered"):
+            await client.request(event_type, {"input": "q"}, request_id="r1", timeout=TIMEOUT)
+        result = await client.request(event_type, {"input": "q"}, request_id="r2",
+                                      timeout=TIMEOUT)
+        assert result.request_id == "r2"
 
 
 async def test_failed_debate_is_published_on_failed(event_type: str) -> None:

@@ -103,7 +103,6 @@ return '0'
 _SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()
 
 
-
 class RedisRateLimiter(RateLimiter):
     """A limit shared through Redis (a URL, or a ``redis.asyncio.Redis`` built with
     ``decode_responses=False`` that the caller keeps owning) by every limiter with the same

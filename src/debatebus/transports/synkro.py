@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import msgspec
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.loops import retrieved
 from debatebus.schemas.envelope import ENVELOPE_ENCODER, Envelope, failed_topic, now_iso
 from debatebus.transports.dialect import WireDialect
 
@@ -200,8 +201,7 @@ class SynkroDialect(WireDialect):
         except BaseException:
             # Not claimed after all: let the lock go (should that fail too, it expires).
             with contextlib.suppress(TransportError):
-                batcher.enqueue((("DEL", keys[1]),)).add_done_callback(
-                    lambda f: f.cancelled() or f.exception())
+                batcher.enqueue((("DEL", keys[1]),)).add_done_callback(retrieved)
             raise
         if answered == b"1":
             await batcher.submit((("DEL", keys[1]),))
@@ -250,7 +250,7 @@ class SynkroDialect(WireDialect):
             return
         with contextlib.suppress(TransportError):
             done = self._batcher().enqueue((("DEL", lock_key(claim.request_id, delivery.topic)),))
-            done.add_done_callback(lambda f: f.cancelled() or f.exception())
+            done.add_done_callback(retrieved)
 
     def answered(self, result: HandlerResult) -> HandlerResult:
         """Completed, whatever the debate's status, with Synkro's output and synthesis rules."""

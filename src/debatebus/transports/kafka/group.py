@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from debatebus.exceptions import TransportError
+from debatebus.loops import retrieved
 from debatebus.transports.base import Delivery
 from debatebus.transports.kafka.errors import (
     KAFKA_ERRORS,
@@ -50,12 +51,6 @@ _ASSIGNMENT_WATCH_S: Final = 60
 Recheck = Callable[[Iterable[str]], Awaitable[None]]
 #: The transport's: what the record at an offset of a partition holds now (None: no record).
 MarkAt = Callable[[TopicPartition, int], Awaitable[Mark | None]]
-
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    # Every caller of the shared commit may have been cancelled: nobody else reads its error.
-    if not future.cancelled():
-        future.exception()
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka has no type hints
@@ -294,7 +289,7 @@ class Member:
         after this call landed; raises what it raised."""
         if self._next_commit is None:
             self._next_commit = asyncio.ensure_future(self._commit_next())
-            self._next_commit.add_done_callback(_retrieved)
+            self._next_commit.add_done_callback(retrieved)
         await asyncio.shield(self._next_commit)
 
     async def _commit_next(self) -> None:
