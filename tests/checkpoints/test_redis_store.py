@@ -70,8 +70,23 @@ async def test_a_burst_after_redis_forgot_the_scripts_loads_them_once(
         renewed = await asyncio.gather(*(store.renew_lease(f"d{i}", "w1", 120)
                                          for i in range(300)))
         assert all(renewed)
-        assert await _script_loads(raw) - loads == 3  # the three batched scripts, once each
+        assert await _script_loads(raw) - loads == 6  # the store's six scripts, once each
     await raw.aclose()
+
+
+async def test_what_a_worker_calls_for_each_debate_is_pipelined(own_server: RedisServer) -> None:
+    """300 debates at once taking, releasing and reading (a drain releasing every lease; sub-
+    debates reading their children's results): pipelined, not a pool connection each. (With
+    one each, two thirds failed 'Too many connections', and a drain left those leases held.)"""
+    ids = [f"d{i}" for i in range(300)]
+    async with RedisCheckpointStore(own_server.url, prefix=_prefix()) as store:
+        assert all(await asyncio.gather(*(store.acquire_lease(d, "w1", 120) for d in ids)))
+        await asyncio.gather(*(store.begin(d, b"h") for d in ids))
+        loaded = await asyncio.gather(*(store.load(d) for d in ids))
+        assert all(c is not None and c.header == b"h" for c in loaded)
+        assert await asyncio.gather(*(store.get_result(d) for d in ids)) == [None] * 300
+        await asyncio.gather(*(store.release_lease(d, "w1") for d in ids))
+        assert await asyncio.gather(*(store.get_lease(d) for d in ids[:50])) == [None] * 50
 
 
 async def _script_loads(raw: Redis) -> int:

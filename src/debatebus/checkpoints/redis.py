@@ -152,7 +152,8 @@ def _px(keep_ms: int | None) -> int | str:
 
 
 class _Scripts:
-    """The Lua scripts, registered once per client (redis-py reloads them after a restart)."""
+    """The Lua scripts (text and SHA), loaded when the store connects, and again by the first
+    commands that find Redis forgot them (it restarted). Every call goes through the batcher."""
 
     def __init__(self, client: RedisClient) -> None:
         self.begin: AsyncScript = client.register_script(_BEGIN)
@@ -222,7 +223,8 @@ class RedisCheckpointStore(CheckpointStore):
 
     async def _load_scripts(self, client: RedisClient, scripts: _Scripts) -> None:
         async with self._bounded():  # batched calls send EVALSHA only
-            for script in (scripts.start, scripts.finish, scripts.renew):
+            for script in (scripts.begin, scripts.acquire, scripts.renew, scripts.release,
+                           scripts.start, scripts.finish):
                 script.sha = await client.script_load(script.script)
 
     async def _load_scripts_again(self) -> None:
@@ -264,17 +266,16 @@ class RedisCheckpointStore(CheckpointStore):
 
     async def begin(self, debate_id: str, header: bytes, *,
                     retention_s: float | None = None) -> bytes:
-        _, scripts = await self._client()
-        async with self._bounded():
-            return bytes(await scripts.begin(keys=[self._key(debate_id)],
-                                             args=[header, _px(self.keep_ms(retention_s))]))
+        return bytes(await self._batched("begin", [self._key(debate_id)],
+                                         [header, _px(self.keep_ms(retention_s))]))
 
     async def append(self, debate_id: str, entry: bytes, counters: Counters, *,
                      retention_s: float | None = None) -> int:
         return await self.append_many(debate_id, [entry], counters, retention_s=retention_s)
 
     async def load(self, debate_id: str) -> StoredCheckpoint | None:
-        [elements] = await self._send(("LRANGE", self._key(debate_id), 0, -1), transaction=False)
+        [elements] = await (self._batch or await self._batcher()).submit(
+            [("LRANGE", self._key(debate_id), 0, -1)])
         return _checkpoint(elements) if elements else None
 
     async def size_bytes(self, debate_id: str) -> int:
@@ -302,7 +303,8 @@ class RedisCheckpointStore(CheckpointStore):
         return bool(done) and not result
 
     async def get_result(self, debate_id: str) -> bytes | None:
-        [value] = await self._send(("GET", self._result_key(debate_id)), transaction=False)
+        [value] = await (self._batch or await self._batcher()).submit(
+            [("GET", self._result_key(debate_id))])
         return None if value is None else bytes(value)
 
     async def has_results(self, debate_ids: list[str]) -> list[bool]:
@@ -317,9 +319,7 @@ class RedisCheckpointStore(CheckpointStore):
         return await self._lease_script("acquire", debate_id, owner, lease_ttl_ms(ttl_s))
 
     async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
-        reply = await self._batched("renew", [self._lease_key(debate_id)],
-                                    [owner, lease_ttl_ms(ttl_s)])
-        return bool(reply)
+        return await self._lease_script("renew", debate_id, owner, lease_ttl_ms(ttl_s))
 
     async def release_lease(self, debate_id: str, owner: str) -> None:
         await self._lease_script("release", debate_id, owner)
@@ -340,11 +340,7 @@ class RedisCheckpointStore(CheckpointStore):
     async def _lease_script(
         self, name: Literal["acquire", "renew", "release"], debate_id: str, owner: str, *args: int
     ) -> bool:
-        _, scripts = await self._client()
-        script: AsyncScript = getattr(scripts, name)
-        async with self._bounded():
-            reply = await script(keys=[self._lease_key(debate_id)], args=[owner, *args])
-        return bool(reply)
+        return bool(await self._batched(name, [self._lease_key(debate_id)], [owner, *args]))
 
     # ---- composite steps: one round trip each ---------------------------------------------------
 
