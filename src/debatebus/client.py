@@ -22,7 +22,7 @@ from debatebus.schemas.envelope import (
 )
 from debatebus.transports import Delivery, Outgoing, Transport, broker_url, transport_from_url
 
-__all__ = ["BusClient", "request_message"]
+__all__ = ["Answers", "BusClient", "request_message"]
 
 
 class BusClient:
@@ -38,7 +38,7 @@ class BusClient:
             broker if isinstance(broker, Transport)
             else transport_from_url(broker_url(broker), **transport_options)
         )
-        self._listeners: dict[str, _Listener] = {}
+        self._answers = Answers(self.transport)
 
     async def __aenter__(self) -> Self:
         await self.transport.connect()
@@ -47,9 +47,7 @@ class BusClient:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        listeners, self._listeners = self._listeners, {}
-        for listener in listeners.values():
-            await listener.close()
+        await self._answers.close()
         await self.transport.close()
 
     async def publish(self, event_type: str, payload: Mapping[str, Any], *,
@@ -70,11 +68,8 @@ class BusClient:
                       headers: Mapping[str, str] | None = None) -> Envelope:
         """Publish a request and return its result envelope (``payload["debateStatus"]``)."""
         rid = request_id or uuid.uuid4().hex
-        listener = self._listeners.get(event_type)
-        if listener is None or listener.closed:
-            listener = self._listeners[event_type] = _Listener(self.transport, event_type)
         try:
-            answer = await listener.expect(rid)  # listening before we publish
+            answer = await self._answers.expect(event_type, rid)  # listening before we publish
             await self.publish(event_type, payload, request_id=rid, correlation_id=correlation_id,
                                headers=headers)
             async with asyncio.timeout(timeout):
@@ -85,7 +80,36 @@ class BusClient:
                 f"is a worker subscribed to {event_type!r} on this broker?"
             ) from None
         finally:
-            listener.waiting.pop(rid, None)
+            self._answers.forget(event_type, rid)
+
+
+class Answers:
+    """The results of requests published on ``transport``, handed out by request id: one
+    subscription per event type, made by the first wait and shared by every later one until
+    ``close`` (or until it fails: the next wait subscribes anew). What ``BusClient.request`` and
+    a worker's sub-debates wait with."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._listeners: dict[str, _Listener] = {}
+
+    async def expect(self, event_type: str, request_id: str) -> asyncio.Future[Envelope]:
+        """The future of ``request_id``'s result, once its event type's results are followed
+        (publish the request after this returns); ``forget`` it when done waiting."""
+        listener = self._listeners.get(event_type)
+        if listener is None or listener.closed:
+            listener = self._listeners[event_type] = _Listener(self._transport, event_type)
+        return await listener.expect(request_id)
+
+    def forget(self, event_type: str, request_id: str) -> None:
+        listener = self._listeners.get(event_type)
+        if listener is not None:
+            listener.waiting.pop(request_id, None)
+
+    async def close(self) -> None:
+        listeners, self._listeners = self._listeners, {}
+        for listener in listeners.values():
+            await listener.close()
 
 
 class _Listener:

@@ -26,6 +26,7 @@ from typing import Any, Final
 import msgspec
 
 from debatebus.backoff import Backoff
+from debatebus.client import Answers
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
 from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult
@@ -87,6 +88,8 @@ class Settler:
     publish_events: bool
     events_topic: str
     release: Callable[[Delivery], None]
+    #: Where sub-debates wait for their children's results (the worker's, on ``transport``).
+    answers: Answers | None = None
 
     async def process(self, delivery: Delivery) -> None:
         """Settle ``delivery`` one way (answered, failed, dead-lettered, requeued), or release it
@@ -168,7 +171,7 @@ class Settler:
         if not await self.transport.dialect.claim(delivery, request.request_id):
             return _LEFT_ALONE
         handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery,
-                                  self.transport, self._event_types(ctx))
+                                  self.transport, self._event_types(ctx), self.answers)
         try:
             result = await route.handle(request.payload, handling)
         except InputError as exc:

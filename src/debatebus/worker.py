@@ -29,7 +29,7 @@ from typing import Any, Final, Self
 
 from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore
-from debatebus.client import request_message
+from debatebus.client import Answers, request_message
 from debatebus.collector import DEFAULT_COLLECTOR, Collector
 from debatebus.exceptions import (
     ConfigError,
@@ -156,6 +156,7 @@ class DebateBus:
         self._run_done: asyncio.Event | None = None
         self._link = _Link(self._where)
         self._inflight: dict[asyncio.Task[None], Delivery] = {}
+        self._answers = Answers(self.transport)  # sub-debates' children's results
         self._connected = False
         self._stores_attached = False
 
@@ -223,6 +224,7 @@ class DebateBus:
             await self._run_done.wait()
         if self._connected:
             self._connected = False
+            await self._answers.close()
             await self.transport.close()
             for store in self._stores():
                 await store.close()
@@ -359,7 +361,8 @@ class DebateBus:
 
     def _settler(self) -> Settler:
         return Settler(self.transport, self.routes, self.max_message_bytes, self.max_deliveries,
-                       self.observer, self.publish_events, self.events_topic, self._release)
+                       self.observer, self.publish_events, self.events_topic, self._release,
+                       self._answers)
 
     async def _consume(self, settler: Settler) -> None:
         """Consume until the transport closes; a broker error reconnects after a backoff. A

@@ -11,6 +11,7 @@ from typing import Any
 from tests.bus.conftest import memory_app, running
 
 from debatebus import Debate, FunctionLLM, LLMRequest, Participant
+from debatebus.client import BusClient
 from debatebus.engine.prompts import ENGLISH
 from debatebus.engine.subdebates import SubDebates
 from debatebus.handlers.contract import HandlerContext, HandlerResult
@@ -268,3 +269,22 @@ async def test_a_requests_depth_reaches_its_debate_so_max_depth_holds_across_the
     assert {e.depth for e in watch.events() if e.debate_id == "deep"} == {1}
     assert refused.payload["debateStatus"] == "failed"
     assert "payload.depth must be an integer ≥ 0" in refused.payload["debateError"]
+
+
+async def test_200_parents_at_once_each_get_their_child_on_redis(redis_server: Any) -> None:
+    """200 parents waiting at once for a child each share the worker's one subscription to the
+    children's results, and read stored results pipelined. (A subscription and two store reads
+    per child on pool connections of their own: 101 of 200 children failed 'Too many
+    connections', and their parents completed without them.)"""
+    parent_type, security_type = types()
+    app = DebateBus(redis_server.url, concurrency=64, publish_events=False)
+    app.subscribe(parent_type, launch(Calls(parent_answer).llm, security_type).as_handler())
+    app.subscribe(security_type, security_panel(Calls(child_answer).llm).as_handler())
+    async with running(app), BusClient(redis_server.url) as client:
+        results = await asyncio.gather(*(
+            client.request(parent_type, {"input": QUESTION}, request_id=f"p{i}-{uuid.uuid4().hex[:6]}",
+                           timeout=60) for i in range(200)))
+    statuses = [r.payload["debateSubDebates"][0]["status"] for r in results]
+    assert statuses == ["completed"] * 200
+    assert all(revision_of(r, "alice") == f"alice revised after the panel: {PANEL_SAYS}"
+               for r in results)

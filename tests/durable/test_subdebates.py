@@ -22,6 +22,7 @@ from tests.bus.test_subdebates import (
 )
 
 from debatebus.checkpoints import MemoryCheckpointStore
+from debatebus.client import Answers
 from debatebus.handlers.contract import HandlerContext, HandlerResult
 from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope
 from debatebus.settler import result_message
@@ -35,11 +36,13 @@ class Setup:
     def __init__(self) -> None:
         self.store = MemoryCheckpointStore()
         self.transport = MemoryTransport(MemoryBroker())
+        self.answers = Answers(self.transport)
         self.parent_type, self.security_type = types()
         self.parent, self.child = Calls(parent_answer), Calls(child_answer)
 
     def ctx(self, request_id: str, event_type: str) -> HandlerContext:
-        return HandlerContext(request_id, None, Delivery(event_type, b"", "1-0"), self.transport)
+        return HandlerContext(request_id, None, Delivery(event_type, b"", "1-0"), self.transport,
+                              answers=self.answers)
 
     def parent_worker(self) -> asyncio.Task[HandlerResult]:
         """The parent's request handled by a new worker (a new handler on the shared store)."""

@@ -14,17 +14,16 @@ Domains mapped to a panel or a ``Debate`` run in this process (``local``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from debatebus.checkpoints.base import CheckpointStore
-from debatebus.client import request_message
+from debatebus.client import Answers, request_message
 from debatebus.engine.subdebates import ChildOutcome, ChildRequest, ChildRunner, SubDebateRecord
 from debatebus.handlers.checkpointing import decode_result
-from debatebus.schemas.envelope import ENVELOPE_DECODER, completed_topic, failed_topic
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
-from debatebus.transports.base import Delivery, Transport
+from debatebus.transports.base import Transport
 
 if TYPE_CHECKING:
     from debatebus.engine.result import Progress
@@ -68,6 +67,7 @@ class BusChildren:
     workers) and ``commit`` are a durable parent's; the parent's engine bounds the wait."""
 
     transport: Transport
+    answers: Answers
     waiting: Callable[[], contextlib.AbstractAsyncContextManager[None]]
     local: ChildRunner
     store: CheckpointStore | None = None
@@ -80,8 +80,8 @@ class BusChildren:
         stored = await self._stored(request.child_id)
         if stored is not None:
             return stored
-        topics = [completed_topic(event_type), failed_topic(event_type)]
-        subscription = await self.transport.subscribe(topics)  # listening before publishing
+        # Listening before publishing, on the worker's one subscription to the event type.
+        answer = await self.answers.expect(event_type, request.child_id)
         try:
             stored = await self._stored(request.child_id)  # finished while we subscribed
             if stored is not None:
@@ -91,9 +91,9 @@ class BusChildren:
                     event_type, child_payload(request), request_id=request.child_id,
                     correlation_id=request.parent_id))
             async with self.waiting():
-                return await _answer(subscription, request.child_id)
+                return outcome_of((await answer).payload)
         finally:
-            await subscription.aclose()  # type: ignore[attr-defined]
+            self.answers.forget(event_type, request.child_id)
 
     async def _stored(self, child_id: str) -> ChildOutcome | None:
         if self.store is None:
@@ -109,15 +109,3 @@ class BusChildren:
         record = next(r for r in request.parent_progress.sub_debates
                       if r.child_id == request.child_id)
         return await self.commit(record, request.parent_progress)
-
-
-async def _answer(subscription: AsyncIterator[Delivery], child_id: str) -> ChildOutcome:
-    """The first result published for ``child_id``; others' results are skipped."""
-    async for delivery in subscription:
-        try:
-            envelope = ENVELOPE_DECODER.decode(delivery.body)
-        except Exception:  # not an envelope of ours: someone else's message on a result topic
-            continue
-        if envelope.request_id == child_id:
-            return outcome_of(envelope.payload)
-    return ChildOutcome("failed", error="the subscription to the child's results ended")

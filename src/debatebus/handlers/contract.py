@@ -17,11 +17,14 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import ConfigError
 from debatebus.transports.base import Delivery, Transport
+
+if TYPE_CHECKING:
+    from debatebus.client import Answers
 
 __all__ = [
     "BusHandler",
@@ -66,14 +69,17 @@ current_slot: ContextVar[Slot | None] = ContextVar("debatebus_slot", default=Non
 class HandlerContext:
     """What a handler may need besides the payload: the request's id, where the debate's events
     go (None: nobody listens), the delivery being handled (event type, id, delivery count), the
-    transport it came from, to publish and subscribe on (sub-debates do; None: no bus), and the
-    kinds of event ``on_event`` takes (None: all; the engine builds no other)."""
+    transport it came from, to publish on (sub-debates do; None: no bus), the kinds of event
+    ``on_event`` takes (None: all; the engine builds no other), and where to wait for the results
+    of what it publishes."""
 
     request_id: str
     on_event: OnEvent | None
     delivery: Delivery
     transport: Transport | None = None
     event_types: EventTypes = None
+    #: The worker's waits for results of requests it publishes (sub-debates), on ``transport``.
+    answers: Answers | None = None
 
     @contextlib.asynccontextmanager
     async def waiting(self) -> AsyncIterator[None]:

@@ -274,9 +274,10 @@ def _bus_children(debate: Debate, bus: HandlerContext | None,
                   on_event: OnEvent | None) -> BusChildren | None:
     """How ``debate``'s sub-debates run when it runs on a bus: event-type domains as requests
     on ``bus``'s transport, the others here. None: no sub-debates, or no bus."""
-    if debate.sub_debates is None or bus is None or bus.transport is None:
+    if debate.sub_debates is None or bus is None or bus.transport is None or bus.answers is None:
         return None
-    return BusChildren(bus.transport, bus.waiting, InProcessChildren(debate, on_event))
+    return BusChildren(bus.transport, bus.answers, bus.waiting,
+                       InProcessChildren(debate, on_event))
 
 
 def _preset_debates(debate: Debate, names: Iterable[str]) -> dict[str, Debate]:
