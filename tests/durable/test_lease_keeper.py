@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from debatebus.handlers.durable import _CHUNKS_AT_ONCE, _RENEWALS_AT_ONCE, LeaseKeeper
+from debatebus.handlers.leases import CHUNKS_AT_ONCE, RENEWALS_AT_ONCE, LeaseKeeper
 
 
 class CountingStore:
@@ -52,7 +52,7 @@ async def test_thousands_of_leases_are_all_renewed_a_chunk_at_a_time() -> None:
     keeper = LeaseKeeper(store, ttl_s=0.3)  # type: ignore[arg-type]  # renew_lease is all it uses
     await keep_until(keeper, owners, store.all_renewed, 10)
     assert set(store.renewed) == set(owners)
-    assert 0 < store.most <= _CHUNKS_AT_ONCE * _RENEWALS_AT_ONCE < len(owners)
+    assert 0 < store.most <= CHUNKS_AT_ONCE * RENEWALS_AT_ONCE < len(owners)
     assert not keeper.lost and not keeper.failing
 
 
@@ -60,11 +60,11 @@ async def test_chunks_slower_than_a_second_overlap_only_so_far() -> None:
     """Each renewal takes 2.5 s, so a chunk is still going when the next two may start, a second
     apart: chunks overlap, but never more of them than the cap (unbounded, all 3 were under way
     at once)."""
-    owners = [f"owner-{i}" for i in range(3 * _RENEWALS_AT_ONCE)]
+    owners = [f"owner-{i}" for i in range(3 * RENEWALS_AT_ONCE)]
     store = CountingStore(len(owners), delay_s=2.5)
     keeper = LeaseKeeper(store, ttl_s=3.0)  # type: ignore[arg-type]  # renew_lease is all it uses
     await keep_until(keeper, owners, store.all_renewed, 30)
-    assert store.most == _CHUNKS_AT_ONCE * _RENEWALS_AT_ONCE < len(owners)
+    assert store.most == CHUNKS_AT_ONCE * RENEWALS_AT_ONCE < len(owners)
 
 
 class SlowStore:

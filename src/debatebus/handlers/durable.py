@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
 import secrets
@@ -56,6 +55,7 @@ from debatebus.handlers.checkpointing import (
     reused_id,
 )
 from debatebus.handlers.children import BusChildren
+from debatebus.handlers.leases import LeaseKeeper
 from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, result_fields
 from debatebus.loops import PerLoop
 from debatebus.schemas.envelope import now_iso
@@ -67,7 +67,6 @@ __all__ = [
     "DEFAULT_STORE_OUTAGE_S",
     "Drift",
     "DurableRunner",
-    "LeaseKeeper",
     "default_owner",
 ]
 
@@ -77,10 +76,6 @@ T = TypeVar("T")
 
 #: How long a debate in flight waits for its store to come back before giving up its delivery.
 DEFAULT_STORE_OUTAGE_S = 120.0
-#: Leases a keeper renews at once (see ``LeaseKeeper._renew_all``).
-_RENEWALS_AT_ONCE = 1000
-#: Chunks of renewals under way at once, at most.
-_CHUNKS_AT_ONCE = 2
 #: Debates of one runner building and storing their result at once (``DurableRunner.run``).
 FINISHING = 256
 #: What a run does with a checkpoint written by another definition of its debate: refuse it
@@ -90,78 +85,6 @@ Drift = Literal["strict", "loose"]
 
 def default_owner() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-class LeaseKeeper:
-    """Renews every lease this runner holds, every ttl/3, from one background task, and cancels
-    the run whose lease could not be renewed. Leases are keyed by their run's own owner."""
-
-    def __init__(self, store: CheckpointStore, ttl_s: float) -> None:
-        self.store = store
-        self.ttl_s = ttl_s
-        self.held: dict[str, tuple[str, asyncio.Task[Any]]] = {}  # owner → (debate id, run)
-        self.lost: set[str] = set()
-        #: Renewals are failing (logged once per streak, not once per debate and attempt).
-        self.failing = False
-        self._loop_task: asyncio.Task[None] | None = None
-
-    def track(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
-        self.held[owner] = (debate_id, run)
-        if self._loop_task is None or self._loop_task.done():
-            # An empty context: the loop serves every debate, so no request's log fields belong
-            # on its lines (create_task would copy the first debate's).
-            self._loop_task = asyncio.create_task(self._renew_forever(),
-                                                  context=contextvars.Context())
-
-    def untrack(self, owner: str) -> bool:
-        """Stop renewing; True when the lease had been lost meanwhile."""
-        self.held.pop(owner, None)
-        if owner in self.lost:
-            self.lost.discard(owner)
-            return True
-        return False
-
-    async def _renew_forever(self) -> None:
-        """A round of renewals every ttl/3 from the start of the one before, or right after it
-        when it took longer: with a slow store, a lease is renewed every round's length, not
-        every ttl/3 plus a round's length (which could outlast its ttl)."""
-        loop = asyncio.get_running_loop()
-        period = self.ttl_s / 3
-        due = loop.time() + period
-        while self.held:
-            await asyncio.sleep(max(0.0, due - loop.time()))
-            due = loop.time() + period
-            await self._renew_all(list(self.held.items()))
-
-    async def _renew_all(self, held: list[tuple[str, tuple[str, asyncio.Task[Any]]]]) -> None:
-        """Concurrently: one slow renewal must not delay the others past their expiry. A chunk
-        at a time (the store pipelines each), not a task for every lease at once (with thousands
-        of debates in flight, that was megabytes every ttl/3); a chunk still going after a second
-        overlaps the next, with ``_CHUNKS_AT_ONCE`` chunks under way at most. (A method of its
-        own: ``held`` must not outlive the round, keeping finished runs.)"""
-        going: set[asyncio.Future[list[None]]] = set()
-        for start in range(0, len(held), _RENEWALS_AT_ONCE):
-            going.add(asyncio.gather(*(self._renew(owner, debate_id, run) for owner, (
-                debate_id, run) in held[start:start + _RENEWALS_AT_ONCE])))
-            _, going = await asyncio.wait(going, timeout=1.0)
-            if len(going) >= _CHUNKS_AT_ONCE:
-                _, going = await asyncio.wait(going, return_when=asyncio.FIRST_COMPLETED)
-        if going:
-            await asyncio.wait(going)
-
-    async def _renew(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
-        try:
-            still_ours = await self.store.renew_lease(debate_id, owner, self.ttl_s)
-        except TransportError as exc:  # the store may be back before the lease expires
-            if not self.failing:
-                log.warning("could not renew leases (retrying every %g s): %s", self.ttl_s / 3, exc)
-            self.failing = True
-            return
-        self.failing = False
-        if not still_ours and owner in self.held:
-            log.warning("lost the lease on debate %s: stopping its run", debate_id)
-            self.lost.add(owner)
-            run.cancel()
 
 
 class DurableRunner:
