@@ -16,7 +16,7 @@ from faststream.redis import RedisBroker, StreamSub
 from redis.asyncio import Redis
 
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.client import BusClient
+from debatebus.client import BusClient, request_message
 from debatebus.handlers.contract import Handler
 from debatebus.integrations.faststream import mount
 from tests.integrations.test_faststream import counting_llm, debate, request
@@ -157,3 +157,32 @@ async def test_pubsub_host_answers_busclient(redis_server: RedisServer, event: s
             BusClient(redis_server.url.replace("redis://", "redis+pubsub://")) as bus:
         answer = await bus.request(event, {"input": "Tabs or spaces?"}, timeout=20)
     assert answer.payload["debateStatus"] == "completed"
+
+
+async def test_300_handlers_finishing_at_once_all_publish_and_ack(redis_server: RedisServer,
+                                                                  event: str) -> None:
+    """300 requests handled at once (``max_workers=300``) finish together: their results are
+    written a bounded number at a time, not one pool connection each (redis-py's pool holds 100:
+    201 results failed, and their requests stayed pending)."""
+    n, in_flight, everyone_in = 300, 0, asyncio.Event()
+
+    async def handler(payload: dict[str, Any]) -> dict[str, Any]:
+        nonlocal in_flight
+        in_flight += 1
+        if in_flight == n:
+            everyone_in.set()
+        await asyncio.wait_for(everyone_in.wait(), 30)
+        return {**payload, "debateStatus": "completed"}
+
+    client = Redis(port=redis_server.port)
+    source = StreamSub(event, group="debatebus", consumer="w1", last_id="0")
+    for i in range(n):
+        await client.xadd(event, {b"envelope": request_message(event, {"input": f"q{i}"},
+                                                               request_id=f"r{i}").body})
+    async with hosted(redis_server.url, source, handler, subscriber_options={"max_workers": n}):
+        results = await stream_entries(client, f"event:{event}:completed", n)
+        assert await pending_once_acked(client, event, "debatebus") == 0
+    assert in_flight == n
+    assert sorted(json.loads(r[b"envelope"])["requestId"] for r in results) == sorted(
+        f"r{i}" for i in range(n))
+    await client.aclose()

@@ -16,9 +16,10 @@ channels keep their names.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Final
 
 import faststream.redis
@@ -30,6 +31,7 @@ from redis.typing import EncodableT, FieldT
 
 from debatebus.handlers.contract import Handle
 from debatebus.integrations.faststream.host import Host, raw_body
+from debatebus.loops import PerLoop
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.redis_cluster import stream_key_rule
@@ -42,6 +44,9 @@ FASTSTREAM_FIELD: Final = "__data__"
 _FASTSTREAM_FIELD_BYTES: Final = FASTSTREAM_FIELD.encode()
 #: FastStream's cluster broker (a ``RedisBroker``); None in a FastStream release without one.
 _CLUSTER_BROKER: type[RedisBroker] | None = getattr(faststream.redis, "RedisClusterBroker", None)
+#: Results and dead letters written at once, at most: each takes one of the broker's pool
+#: connections (redis-py's holds 100, shared with the subscribers) while it is written.
+_WRITES_AT_ONCE: Final = 32
 
 Parser = Callable[[Mapping[str, Any]], Awaitable[StreamMessage[Any]]]
 
@@ -73,23 +78,30 @@ class _RedisWire:
     stream_field: bytes
     #: A topic's stream key: ``cluster_key`` on a ``RedisClusterBroker``, the topic otherwise.
     key: Callable[[str], str]
+    #: Bounds the writes under way (``_WRITES_AT_ONCE``): with more handlers finishing at once
+    #: than the pool holds, the rest failed "Too many connections" and their requests stayed
+    #: pending.
+    writes: PerLoop[asyncio.Semaphore] = field(
+        default_factory=lambda: PerLoop(lambda: asyncio.Semaphore(_WRITES_AT_ONCE)))
 
     async def answer(self, message: Outgoing) -> None:
-        if self.publish is not None:
-            await self.publish(message)
-            return
-        fields: dict[FieldT, EncodableT] = {self.stream_field: message.body}
-        if message.key is not None:
-            fields[KEY] = message.key.encode()
-        client = await self.broker.connect()
-        await client.xadd(self.key(message.topic), fields)
+        async with self.writes.get():
+            if self.publish is not None:
+                await self.publish(message)
+                return
+            fields: dict[FieldT, EncodableT] = {self.stream_field: message.body}
+            if message.key is not None:
+                fields[KEY] = message.key.encode()
+            client = await self.broker.connect()
+            await client.xadd(self.key(message.topic), fields)
 
     async def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        client = await self.broker.connect()
         fields: dict[FieldT, EncodableT] = {
             ENVELOPE: delivery.body, b"reason": reason, b"origin": delivery.topic,
             b"originId": delivery.id, b"deliveries": delivery.deliveries}
-        await client.xadd(self.key(dlq_topic(delivery.topic)), fields)
+        async with self.writes.get():
+            client = await self.broker.connect()
+            await client.xadd(self.key(dlq_topic(delivery.topic)), fields)
 
 
 def mount_redis(broker: RedisBroker, source: str | StreamSub[Any], handle: Handle,
