@@ -74,9 +74,11 @@ class RedactingFilter(logging.Filter):
             record.exc_text = redact(record.exc_text)
         if record.stack_info:
             record.stack_info = redact(record.stack_info)
-        for name, value in vars(record).items():
-            if name not in _STANDARD and isinstance(value, str):
-                setattr(record, name, redact(value))
+        extras = vars(record)
+        for name in extras.keys() - _STANDARD:
+            value = extras[name]
+            if isinstance(value, str):
+                extras[name] = redact(value)
         return True
 
 
@@ -263,4 +265,13 @@ class LoggingObserver(Observer):
 
     def _emit(self, ctx: RequestContext, level: int, message: str, *args: Any,
               **fields: Any) -> None:
-        self.log.log(level, message, *args, extra={**_ids(ctx), **fields})
+        # The record is made here, not by Logger.log, which would walk the stack to find the
+        # caller (findCaller) on every request: the record names this method instead.
+        log = self.log
+        if log.isEnabledFor(level):
+            log.handle(log.makeRecord(log.name, level, __file__, _EMIT_LINE, message, args, None,
+                                      "_emit", {**_ids(ctx), **fields}))
+
+
+#: Where the records ``LoggingObserver`` makes say they come from (its ``_emit``).
+_EMIT_LINE: Final = LoggingObserver._emit.__code__.co_firstlineno
