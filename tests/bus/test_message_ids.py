@@ -19,7 +19,12 @@ from tests.bus.processes import ROOT
 from tests.support.servers import RedisServer
 
 from debatebus.client import BusClient, request_message
-from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope, completed_topic
+from debatebus.schemas.envelope import (
+    ENVELOPE_DECODER,
+    Envelope,
+    completed_topic,
+    new_message_id,
+)
 from debatebus.transports import Outgoing
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import DebateBus
@@ -103,6 +108,14 @@ async def test_a_request_without_message_id_is_caused_by_its_request_id() -> Non
     assert result.causation_id == "old-1" and result.correlation_id == "old-1"
     assert result.message_id is not None and result.message_id != "old-1"
     assert seen[hop2].causation_id == result.message_id
+
+
+def test_message_ids_are_random_uuids_in_hex() -> None:
+    ids = [new_message_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for made in ids:
+        parsed = uuid.UUID(hex=made)
+        assert (parsed.hex, parsed.version, parsed.variant) == (made, 4, uuid.RFC_4122)
 
 
 def test_old_envelopes_decode_and_new_ones_carry_the_field() -> None:

@@ -6,9 +6,9 @@ fields they don't know (msgspec does by default), so old workers read new produc
 
 from __future__ import annotations
 
+import os
 import re
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -67,8 +67,12 @@ def failed_topic(event_type: str) -> str:
 
 
 def new_message_id() -> str:
-    """A fresh, unique ``messageId``."""
-    return uuid.uuid4().hex
+    """A fresh, unique ``messageId``: a random (version 4) UUID in hex, as ``uuid4().hex`` writes
+    it, made from its 16 random bytes directly (every result takes one; a quarter of the cost)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return raw.hex()
 
 
 _last_second: tuple[int, str] = (-1, "")
