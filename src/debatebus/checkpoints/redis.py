@@ -254,10 +254,10 @@ class RedisCheckpointStore(CheckpointStore):
     def _done_key(self, debate_id: str) -> str:
         return f"{self.prefix}:{{{debate_id}}}:done"
 
-    async def _send(self, *commands: tuple[Any, ...], transaction: bool = True) -> list[Any]:
-        """Send commands in one round trip; as one MULTI/EXEC (nothing interleaved) by default."""
+    async def _send(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Send commands in one round trip, as one MULTI/EXEC (nothing interleaved)."""
         redis, _ = await self._client()
-        async with self._bounded(), redis.pipeline(transaction=transaction) as pipe:
+        async with self._bounded(), redis.pipeline(transaction=True) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
             return await pipe.execute()
@@ -274,15 +274,15 @@ class RedisCheckpointStore(CheckpointStore):
         return await self.append_many(debate_id, [entry], counters, retention_s=retention_s)
 
     async def load(self, debate_id: str) -> StoredCheckpoint | None:
-        [elements] = await (self._batch or await self._batcher()).submit(
-            [("LRANGE", self._key(debate_id), 0, -1)])
+        [elements] = await self._submit(("LRANGE", self._key(debate_id), 0, -1))
         return _checkpoint(elements) if elements else None
 
     async def size_bytes(self, debate_id: str) -> int:
         # What the server really spends (keys, encodings, allocator overhead), not payload bytes:
         # this is what capacity planning needs. SAMPLES 0 counts every list element exactly.
-        [size] = await self._send(("MEMORY", "USAGE", self._key(debate_id), "SAMPLES", 0),
-                                  transaction=False)
+        redis, _ = await self._client()
+        async with self._bounded():
+            size = await redis.memory_usage(self._key(debate_id), samples=0)
         return int(size or 0)
 
     # ---- results ------------------------------------------------------------------------------
@@ -303,14 +303,13 @@ class RedisCheckpointStore(CheckpointStore):
         return bool(done) and not result
 
     async def get_result(self, debate_id: str) -> bytes | None:
-        [value] = await (self._batch or await self._batcher()).submit(
-            [("GET", self._result_key(debate_id))])
+        [value] = await self._submit(("GET", self._result_key(debate_id)))
         return None if value is None else bytes(value)
 
     async def has_results(self, debate_ids: list[str]) -> list[bool]:
         # One pipelined EXISTS per id (one round trip) rather than MGET: no result bodies travel.
         keys = [self._result_key(debate_id) for debate_id in debate_ids]
-        replies = await self._send(*(("EXISTS", key) for key in keys), transaction=False)
+        replies = await self._submit(*(("EXISTS", key) for key in keys))
         return [bool(reply) for reply in replies]
 
     # ---- leases -------------------------------------------------------------------------------
@@ -330,6 +329,11 @@ class RedisCheckpointStore(CheckpointStore):
         await self._client()
         assert self._batch is not None
         return self._batch
+
+    async def _submit(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Commands pipelined with every other hot-path command of this loop tick (one by one,
+        not atomic; on a cluster, each to its key's master)."""
+        return await (self._batch or await self._batcher()).submit(commands)
 
     async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """A hot-path script call (EVALSHA), pipelined like every other hot-path command."""
