@@ -99,6 +99,21 @@ def committed_round_reruns(path: Path, interruptions: int = 1) -> dict[str, dict
     return bad
 
 
+def assert_store_answers(results: list[Any], ids: list[str]) -> None:
+    """Kafka without transactions, a worker SIGKILLed, a checkpoint store: a kill between producing
+    a result and committing its offset redelivers the request, which the store answers again
+    (debateReplayed, the same output, no model call); a kill after storing the result but before
+    producing it leaves the store's answer the only one. So: at most one fresh answer per request,
+    every answer completed, and all of a request's answers carry one output."""
+    fresh = Counter(e.request_id for e in results if not e.payload.get("debateReplayed"))
+    assert all(fresh[i] <= 1 for i in ids), f"fresh results per request: {fresh}"
+    outputs: dict[str, str] = {}
+    for e in results:
+        assert e.payload["debateStatus"] == "completed", e.payload
+        first = outputs.setdefault(e.request_id, e.payload["debateOutput"])
+        assert e.payload["debateOutput"] == first, e.request_id
+
+
 def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

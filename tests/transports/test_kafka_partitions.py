@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from tests.bus.processes import WorkerProcess, committed_round_reruns, read_calls
+from tests.bus.processes import (
+    WorkerProcess,
+    assert_store_answers,
+    committed_round_reruns,
+    read_calls,
+)
 from tests.bus.test_processes import Collector, collecting, env_for
 from tests.support.servers import RedisServer, TansuServer
 from tests.transports.test_contract import Reader
@@ -213,16 +218,7 @@ def _assert_answers(collector: Collector, ids: list[str], *, exactly_once: bool)
         assert all(counts[i] == 1 for i in ids), \
             f"answered more than once: { {i: n for i, n in counts.items() if n != 1} }"
         return
-    # SIGKILL between producing a result and committing its offset redelivers the request: the
-    # store answers it again (debateReplayed, the same output, no model call). Killed after storing
-    # the result but before producing it, the only answer is the store's: at most one fresh one.
-    fresh = Counter(e.request_id for e in collector.results if not e.payload.get("debateReplayed"))
-    assert all(fresh[i] <= 1 for i in ids), f"fresh results per request: {fresh}"
-    outputs: dict[str, str] = {}
-    for e in collector.results:
-        assert e.payload["debateStatus"] == "completed", e.payload
-        first = outputs.setdefault(e.request_id, e.payload["debateOutput"])
-        assert e.payload["debateOutput"] == first, e.request_id
+    assert_store_answers(collector.results, ids)
 
 
 def _assert_calls(calls: Path, ids: list[str], *, killed: bool) -> None:
