@@ -122,6 +122,8 @@ PLAIN = "debatebus Redis Streams durable=False"
 #: debate's commits are written while it waits (group commit), so only these pay for them all.
 DEFAULT_WAITS = "debatebus default (model waits)"
 PLAIN_WAITS = "debatebus durable=False (model waits)"
+RAW_KAFKA = "raw aiokafka produce+consume"
+KAFKA = "debatebus Kafka"
 LOG = Path(os.environ.get("BENCH_LOG", "/tmp/debatebus-bench-workers.log"))
 
 
@@ -348,12 +350,11 @@ async def main() -> None:
         BROKER_PIDS["kafka"] = tansu.proc.pid
         boot = tansu.bootstrap
         scenarios += [
-            ("raw aiokafka produce+consume", lambda: kafka_run(
-                "raw aiokafka produce+consume", boot, ["benchmarks/bus_apps.py", "raw-kafka", boot],
-                {}, max(n // 4, 500), k)),
-            ("debatebus Kafka", lambda: kafka_run(
-                "debatebus Kafka", boot, DEBATEBUS, {"BENCH_BROKER": f"kafka://{boot}"},
+            (RAW_KAFKA, lambda: kafka_run(
+                RAW_KAFKA, boot, ["benchmarks/bus_apps.py", "raw-kafka", boot], {},
                 max(n // 4, 500), k)),
+            (KAFKA, lambda: kafka_run(
+                KAFKA, boot, DEBATEBUS, {"BENCH_BROKER": f"kafka://{boot}"}, max(n // 4, 500), k)),
         ]
     only = set(args.only.split(",")) if args.only else None
     print(f"requests per scenario: {n} (Kafka: {max(n // 4, 500)}), in flight: {k}, "
@@ -380,6 +381,7 @@ async def main() -> None:
     if args.inflight > 1:  # the targets are about throughput; one in flight measures latency
         _ratios(by)
         _paired_cost(runs)
+        _kafka_share(runs)
     print(f"checkpoint bytes per commit (framing, then rounds 1..3; Redis MEMORY USAGE): "
           f"{per_round}")
 
@@ -409,6 +411,20 @@ def _paired_cost(runs: dict[str, list[Figures]]) -> None:
     if costs:
         print(f"durability cost per back-to-back pair: median {100 * costs[len(costs) // 2]:.0f}% "
               f"(pairs: {', '.join(f'{100 * c:.0f}%' for c in costs)})")
+
+
+def _kafka_share(runs: dict[str, list[Figures]]) -> None:
+    """debatebus Kafka's throughput as a share of the raw aiokafka echo's, per back-to-back pair,
+    and how busy the worker was (its CPU per request × requests per second)."""
+    pairs = list(zip(runs.get(RAW_KAFKA, []), runs.get(KAFKA, []), strict=False))
+    if not pairs:
+        return
+    shares = sorted(k.per_s / raw.per_s for raw, k in pairs)
+    busy = sorted(k.worker_cpu_us * k.per_s / 1e6 for _, k in pairs)
+    print(f"debatebus Kafka / raw aiokafka echo throughput per pair: median "
+          f"{100 * shares[len(shares) // 2]:.1f}% (target ≥ 40%; pairs: "
+          f"{', '.join(f'{100 * x:.1f}%' for x in shares)}); worker busy "
+          f"{', '.join(f'{100 * b:.0f}%' for b in busy)} of the time")
 
 
 if __name__ == "__main__":

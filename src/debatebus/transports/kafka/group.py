@@ -15,6 +15,13 @@ prefixes and leaves the group; what is unsettled then goes to the partitions' ne
 Redelivery: a released (or requeued) delivery goes back into this member's buffer and is handed
 out again with its count raised; its offset stays uncommitted until it is settled, and the rest
 of the partition flows meanwhile. Counts live in the member, so a new owner starts at 1.
+
+Turns: aiokafka's producer writes from a task of its own, which runs only when the handlers let
+the event loop go. A fetched batch handed out all at once to handlers that never wait (instant
+models, replays) ran whole before the first of its results was written, so the worker and its
+clients took turns idling in lockstep. The member lets the loop go after every ``HANDOUT_BURST``
+deliveries: results leave while the rest of the batch is handled, and each write still carries
+several.
 """
 
 from __future__ import annotations
@@ -43,9 +50,14 @@ from debatebus.transports.kafka.offsets import Mark, Partition
 from debatebus.transports.kafka.settings import POLL_MS, KafkaSettings
 from debatebus.transports.kafka.wire import Token, to_delivery
 
-__all__ = ["MarkAt", "Member", "Recheck"]
+__all__ = ["HANDOUT_BURST", "MarkAt", "Member", "Recheck"]
 
 _ASSIGNMENT_WATCH_S: Final = 60
+#: Deliveries handed out between two turns of the event loop (see "Turns" above). Each turn
+#: costs a loop pass; fewer turns batch writes better, more let results out sooner. Measured
+#: (benchmarks/bus.py, instant debates): 8 keeps a worker busy at the CPU per request of whole
+#: batches; 1 costs ~15% more CPU per request; 16 sometimes leaves the lockstep in place.
+HANDOUT_BURST: Final = 8
 
 #: The transport's: forget which topics exist and ensure these (by Kafka name) again.
 Recheck = Callable[[Iterable[str]], Awaitable[None]]
@@ -83,6 +95,7 @@ class Member:
         self.parts: dict[TopicPartition, Partition] = {}
         self.buffer: deque[Delivery] = deque()
         self.unsettled = 0  # fetched (buffered or handed out) and not yet settled
+        self.handed_out = 0  # deliveries handed out, for HANDOUT_BURST
         self.ready = asyncio.Event()
         self.settled = asyncio.Event()
         self.error: TransportError | None = None
@@ -176,6 +189,9 @@ class Member:
                 self.group, _ASSIGNMENT_WATCH_S, ", ".join(self.names.values()))
 
     async def next(self) -> Delivery | None:
+        self.handed_out += 1
+        if self.handed_out % HANDOUT_BURST == 0:
+            await asyncio.sleep(0)  # the event loop's turn: see "Turns" in the module docstring
         while True:
             while not self.buffer:
                 if self.error is not None:
