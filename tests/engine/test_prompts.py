@@ -6,9 +6,11 @@ import hypothesis
 import hypothesis.strategies
 import pytest
 
-from debatebus import Debate, Judge, Participant
+from debatebus import Debate, FunctionLLM, Judge, Participant
 from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Prompts, Utility
-from debatebus.engine.prompts import fill_template
+from debatebus.engine.definition import fixed_fields
+from debatebus.engine.prompts import bind_template, fill_parts, fill_template, template_fields
+from debatebus.engine.run import Run
 from debatebus.engine.transcript import Round, Turn, render_round
 from debatebus.exceptions import ConfigError
 
@@ -258,3 +260,38 @@ def test_a_template_is_filled_as_format_map_fills_it(template: str) -> None:
 def test_a_template_naming_an_unknown_field_says_which(template: str) -> None:
     with pytest.raises(ConfigError, match="not a known field"):
         fill_template(template, _FIELDS)
+
+
+@hypothesis.given(
+    hypothesis.strategies.lists(hypothesis.strategies.sampled_from(
+        ["text ", "{{", "}}", "\n", "{question}", "{round}", "{transcript}", "{persona}", "{flag}",
+         "{round:03d}"]), max_size=12).map("".join),
+    hypothesis.strategies.sets(hypothesis.strategies.sampled_from(["question", "persona"])))
+def test_a_template_bound_to_some_fields_fills_as_format_map_fills_it(template: str,
+                                                                    fixed: set[str]) -> None:
+    """Fields filled once (``bind_template``) and the rest per call (``fill_parts``): the prompt is
+    format_map's; a template that is not plain is left to ``fill_template``."""
+    parts = bind_template(template, {name: str(_FIELDS[name]) for name in fixed})
+    if "{round:03d}" in template:
+        assert parts is None
+        return
+    assert parts is not None
+    assert fill_parts(parts, _FIELDS, template) == template.format_map(_FIELDS)
+
+
+@pytest.mark.parametrize("protocol", ["round-robin", "cross-pollination"])
+@pytest.mark.parametrize("language", ["en", "es"])
+def test_every_shipped_prompt_is_the_same_bound_or_filled_whole(protocol: str,
+                                                                language: str) -> None:
+    debate = Debate("d", [Participant("ann", "Argue for."), Participant("bob", "Argue against.")],
+                    llm=FunctionLLM(lambda request: "ok"), moderator=Participant("mod", "Moderate."),
+                    judge=Judge(), protocol=protocol, language=language,
+                    word_limits={"opening": 40, "synthesis": 90})
+    spec = debate.spec
+    run = Run(spec, "Q {x}?", "d1")
+    assert spec.bound_templates  # the shipped templates are plain: every one is bound
+    for (phase, speaker), _ in spec.bound_templates.items():
+        whole = fill_template(getattr(spec.templates, phase), {
+            **template_fields(question="Q {x}?", framing="", round=2, transcript="T {y}"),
+            **fixed_fields(spec, phase, speaker)})
+        assert run.prompt(phase, speaker, 2, "T {y}") == whole

@@ -13,6 +13,8 @@ from debatebus.engine.prompts import (
     Language,
     Prompts,
     SynthesisSections,
+    TemplateParts,
+    bind_template,
     language_named,
     validate_template,
     word_limit_text,
@@ -39,6 +41,7 @@ __all__ = [
     "Until",
     "Utility",
     "Verdict",
+    "fixed_fields",
 ]
 
 Protocol = Literal["round-robin", "cross-pollination"]
@@ -141,6 +144,8 @@ class DebateSpec:
     #: Every speaking role's system prompt by name (participants, moderator, synthesis speaker,
     #: judge, audience speaker): one dict for all runs, not one per run.
     personas: Mapping[str, str] = field(init=False)
+    #: Each plain string template by (phase, speaker), its ``fixed_fields`` filled in.
+    bound_templates: Mapping[tuple[str, str], TemplateParts] = field(init=False)
 
     def __post_init__(self) -> None:
         lang = language_named(self.language)
@@ -165,6 +170,7 @@ class DebateSpec:
             object.__setattr__(self, name, value)
         object.__setattr__(self, "personas", _personas(self))  # of the derived judge
         validate(self)
+        object.__setattr__(self, "bound_templates", _bound_templates(self))
 
     def llm_for(self, role: Participant | Judge) -> LLM:
         llm = role.llm or self.llm
@@ -194,6 +200,30 @@ def _personas(spec: DebateSpec) -> dict[str, str]:
     if spec.audience:
         roles.append(spec.audience_speaker)
     return {r.name: r.system_prompt for r in roles if r is not None}
+
+
+def fixed_fields(spec: DebateSpec, phase: str, speaker: str) -> dict[str, str]:
+    """The template fields that the debate fixes for ``speaker``'s ``phase`` prompt."""
+    return {
+        "debate_name": spec.name,
+        "participants": spec.participant_names,
+        "speaker": speaker,
+        "word_limit": spec.word_limit_texts.get(phase, ""),
+        "persona": spec.personas.get(speaker, ""),
+    }
+
+
+def _bound_templates(spec: DebateSpec) -> dict[tuple[str, str], TemplateParts]:
+    bound = {}
+    for phase in (f.name for f in fields(Prompts)):
+        template = getattr(spec.templates, phase)
+        if template is None:
+            continue
+        for speaker in spec.personas:
+            parts = bind_template(template, fixed_fields(spec, phase, speaker))
+            if parts is not None:
+                bound[phase, speaker] = parts
+    return bound
 
 
 def _judge_in(lang: Language, judge: Judge | None) -> Judge | None:

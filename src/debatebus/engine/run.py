@@ -9,8 +9,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from debatebus.engine.definition import DebateSpec, Judge, Participant
-from debatebus.engine.prompts import PromptContext, fill_template, names_persona, template_fields
+from debatebus.engine.definition import DebateSpec, Judge, Participant, fixed_fields
+from debatebus.engine.prompts import (
+    PromptContext,
+    fill_parts,
+    fill_template,
+    names_persona,
+    template_fields,
+)
 from debatebus.engine.result import DebateState, Progress
 from debatebus.engine.rules import check_budget, latest_verdict, stop_reached
 from debatebus.engine.transcript import Round, Turn, render_round
@@ -113,22 +119,16 @@ class Run:
     def prompt(self, phase: str, who: str, number: int, transcript: str = "", **extra: str) -> str:
         """``phase``'s prompt for ``who``: a string template filled with the debate's fields, or a
         callable given a PromptContext (with the DebateState)."""
-        template = self.spec.templates.get(phase)
+        spec = self.spec
+        template = spec.templates.get(phase)
         if callable(template):
             return template(self.context(who, number, phase, transcript, **extra))
-        values = template_fields(
-            question=self.question,
-            debate_name=self.spec.name,
-            participants=self.spec.participant_names,
-            framing=self.framing_field(),
-            speaker=who,
-            round=number,
-            transcript=transcript,
-            word_limit=self.spec.word_limit_texts.get(phase, ""),
-            persona=self.spec.personas.get(who, ""),
-            **extra,
-        )
-        return fill_template(template, values)
+        values = template_fields(question=self.question, framing=self.framing_field(),
+                                 round=number, transcript=transcript, **extra)
+        bound = spec.bound_templates.get((phase, who))
+        if bound is not None:  # the fields the debate fixes are in it already
+            return fill_parts(bound, values, template)
+        return fill_template(template, {**values, **fixed_fields(spec, phase, who)})
 
     def framing_field(self) -> str:
         """The ``{framing}`` of prompts: the committed framing, labelled, or nothing."""
