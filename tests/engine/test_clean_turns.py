@@ -3,8 +3,11 @@ limits as token budgets. Scripted answers are the embedded model's real failures
 
 from __future__ import annotations
 
+import hypothesis
+import hypothesis.strategies as st
+
 from debatebus import Debate, Judge, Participant, ScriptedLLM
-from debatebus.engine.transcript import clean_turn, fit_words
+from debatebus.engine.transcript import _heading, _maybe_tagged, _turn_start, clean_turn, fit_words
 from debatebus.llm.fakes import word_usage
 
 TOPIC = "Should a 5-person startup adopt microservices?"
@@ -98,6 +101,18 @@ def test_clean_turn_keeps_an_answer_with_nothing_to_cut_unchanged() -> None:
     assert clean_turn(text, "optimist", EVERYONE) == text
     assert clean_turn("[optimist]: Mine.", "optimist", EVERYONE) == "Mine."
     assert clean_turn(ROUND, "pragmatist", EVERYONE) == "Keep one deployable."
+
+
+@hypothesis.given(st.lists(st.sampled_from(
+    ["a", "critic", "optimist", " said", ":", "[", "]", "x", "\n", " ", "round", "ROUND", "Round",
+     "*", "2", ">", "-", "\t"]), max_size=16).map("".join))
+def test_a_text_the_screen_passes_over_matches_no_pattern(text: str) -> None:
+    """clean_turn keeps a text as it is unless it holds ``[``, ``:`` or "round" in any case: no
+    heading or turn start can be in such a text."""
+    if not _maybe_tagged(text):
+        assert _heading("optimist").match(text) is None
+        assert _turn_start(NAMES).search(text) is None
+        assert clean_turn(text, "optimist", NAMES) == text
 
 
 def test_a_heading_of_the_speaker_s_own_is_dropped_not_taken_for_another_turn() -> None:

