@@ -11,13 +11,16 @@ __all__ = ["compute_phi_hat", "interpret_phi_hat", "tokenize"]
 # Runs of word characters; letters are most of them, and tokenize() splits off the rest (digits,
 # "_", numerics such as "²"). Faster than matching a letters-only class directly.
 _WORD = re.compile(r"\w{3,}")
-_ASCII_WORD = re.compile(r"[a-z]{3,}")
+#: For ASCII text as bytes: each letter lowered (which is casefolding, for ASCII), the rest spaces.
+_ASCII_LETTERS = bytes(c | 0x20 if chr(c).isascii() and chr(c).isalpha() else 0x20
+                       for c in range(256))
 
 
 def tokenize(text: str) -> set[str]:
     """Case-folded words of three or more Unicode letters."""
-    if text.isascii():  # ASCII letters are a-z once lowered (which is casefolding, for ASCII)
-        return set(_ASCII_WORD.findall(text.lower()))
+    if text.isascii():  # bytes.translate and split: half the time of a regex's findall
+        words = set(text.encode("ascii").translate(_ASCII_LETTERS).decode("ascii").split())
+        return {w for w in words if len(w) >= 3}
     words = set(_WORD.findall(text.casefold()))
     if "".join(words).isalpha():  # the common case: every run is letters only
         return words
