@@ -13,7 +13,6 @@ frees itself after ``lease_s``.
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 from debatebus.llm.ratelimit import (
@@ -30,6 +29,7 @@ from debatebus.transports.redis_common import (
     build_client,
     describe,
     redis_call,
+    script_sha,
     url_or_given,
 )
 
@@ -100,7 +100,7 @@ if max_conc > 0 then
 end
 return '0'
 """
-_SHA = hashlib.sha1(_SCRIPT.encode()).hexdigest()
+_SHA = script_sha(_SCRIPT)
 
 
 class RedisRateLimiter(RateLimiter):

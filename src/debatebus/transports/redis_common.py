@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import ssl
 from collections.abc import (
@@ -60,12 +61,18 @@ __all__ = [
     "merge",
     "pack_commands",
     "redis_call",
+    "script_sha",
     "split_cluster",
     "split_seeds",
     "url_or_given",
 ]
 
 log = logging.getLogger("debatebus.transports.redis")
+
+
+def script_sha(script: str) -> str:
+    """The SHA1 that Redis knows a Lua script by: what ``EVALSHA`` names it with."""
+    return hashlib.sha1(script.encode()).hexdigest()
 
 #: Shared by every delivery without headers: one less dict per message.
 NO_HEADERS: Mapping[str, str] = MappingProxyType({})

@@ -5,14 +5,13 @@ publishes results and acks one entry exactly once. No I/O here: ``redis_streams`
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
 
 from debatebus.transports.base import ORIGIN_HEADER, REASON_HEADER, Delivery
-from debatebus.transports.redis_common import NO_HEADERS
+from debatebus.transports.redis_common import NO_HEADERS, script_sha
 
 __all__ = [
     "DELIVERIES_HEADER",
@@ -66,7 +65,7 @@ end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
-SETTLE_SHA = hashlib.sha1(SETTLE.encode()).hexdigest()
+SETTLE_SHA = script_sha(SETTLE)
 
 _encode_headers = msgspec.json.Encoder().encode
 _decode_headers = msgspec.json.Decoder(dict[str, str]).decode
