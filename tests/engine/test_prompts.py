@@ -9,8 +9,8 @@ import pytest
 from debatebus import Debate, FunctionLLM, Judge, Participant
 from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Prompts, Utility
 from debatebus.engine.definition import fixed_fields
-from debatebus.engine.prompts import bind_template, fill_parts, fill_template, template_fields
 from debatebus.engine.run import Run
+from debatebus.engine.templates import bind_template, fill_parts, fill_template, template_fields
 from debatebus.engine.transcript import Round, Turn, render_round
 from debatebus.exceptions import ConfigError
 

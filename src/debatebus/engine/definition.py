@@ -13,12 +13,10 @@ from debatebus.engine.prompts import (
     Language,
     Prompts,
     SynthesisSections,
-    TemplateParts,
-    bind_template,
     language_named,
-    validate_template,
     word_limit_text,
 )
+from debatebus.engine.templates import TemplateParts, bind_template, validate_template
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
 

@@ -1,18 +1,12 @@
-"""The shipped prompts, in English and Spanish (a ``Language`` each), and how templates are filled.
-
-Templates are ``str.format`` strings filled with named fields, or callables of a ``PromptContext``.
-The topic and the transcript are passed as *values*: ``str.format`` never expands braces inside a
-substituted value, so a topic like ``{input}`` or ``{{ x }}`` reaches the model unchanged.
-"""
+"""The shipped prompts, in English and Spanish (a ``Language`` each); how templates are filled is
+``templates``'."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from functools import lru_cache
-from string import Formatter
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 
+from debatebus.engine.templates import Template
 from debatebus.exceptions import ConfigError
 
 __all__ = [
@@ -25,17 +19,9 @@ __all__ = [
     "SHARED_SYSTEM",
     "SPANISH",
     "Language",
-    "PromptContext",
     "Prompts",
     "SynthesisSections",
-    "TemplateParts",
-    "bind_template",
-    "fill_parts",
-    "fill_template",
     "language_named",
-    "names_persona",
-    "render_prompt",
-    "template_fields",
     "word_limit_text",
 ]
 
@@ -43,51 +29,10 @@ __all__ = [
 PROTOCOL_VERSION = "2"
 
 
-@dataclass(frozen=True, slots=True)
-class PromptContext:
-    """Everything a prompt may use. Fields are also the names available to string templates."""
-
-    question: str
-    debate_name: str
-    speaker: str
-    round: int
-    framing: str
-    transcript: str
-    participants: str
-    word_limit: str
-    maximizes: str = ""
-    penalizes: str = ""
-    utility: str = ""
-    audience: str = ""
-    positions: str = ""
-    persona: str = ""
-    sub_debates: str = ""  # cross-pollination 1b: how to ask for a sub-debate, when one may
-    state: Any = None  # the DebateState, for callable prompts
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    def as_fields(self) -> dict[str, Any]:
-        values = {name: getattr(self, name) for name in _TEMPLATE_FIELDS}
-        if self.extra:
-            values.update(self.extra)
-        return values
-
-
-_TEMPLATE_FIELDS = tuple(f.name for f in fields(PromptContext) if f.name not in ("extra", "state"))
-_EMPTY_FIELDS: dict[str, Any] = dict.fromkeys(_TEMPLATE_FIELDS, "")
-
-
-def template_fields(**values: Any) -> dict[str, Any]:
-    """Every field a string template may name, empty unless given (``PromptContext.as_fields``
-    without building a context: the engine's hot path for string templates)."""
-    return {**_EMPTY_FIELDS, **values}
-
-
 def word_limit_text(limits: Mapping[str, int], phase: str, language: Language) -> str:
     limit = limits.get(phase)
     return language.word_limit.format(limit=limit) if limit else ""
 
-
-Template = str | Callable[[PromptContext], str]
 
 # Every shipped prompt shares one system prompt and opens with what the whole debate shares (question,
 # framing, participants, transcript); the speaker's persona and task come last. Consecutive calls
@@ -381,103 +326,3 @@ def language_named(code: str) -> Language:
     if language is None:
         raise ConfigError(f"unknown language {code!r}: use one of {sorted(LANGUAGES)}")
     return language
-
-
-def render_prompt(template: Template, ctx: PromptContext) -> str:
-    if callable(template):
-        return template(ctx)
-    return fill_template(template, ctx.as_fields())
-
-
-def fill_template(template: str, values: Mapping[str, Any]) -> str:
-    """``template.format_map(values)``; a template of plain ``{name}`` fields (the shipped ones)
-    is filled from its parts, parsed once: two to three times faster, on every call."""
-    parts = _plain_parts(template)
-    if parts is not None:
-        return fill_parts(parts, values, template)
-    try:
-        return template.format_map(values)
-    except (KeyError, IndexError, ValueError) as exc:
-        raise _unknown_field(template, values, exc) from exc
-
-
-#: A plain template's literal texts, each with the field that follows it (None after the last).
-TemplateParts = tuple[tuple[str, str | None], ...]
-
-
-def bind_template(template: Template, fixed: Mapping[str, str]) -> TemplateParts | None:
-    """A plain string ``template``'s parts with the ``fixed`` fields filled in once, the texts
-    around each field left joined: ``fill_parts`` then fills only the others, per call. None for
-    a callable or a template that is not plain (``fill_template`` fills those)."""
-    parts = None if callable(template) else _plain_parts(template)
-    if parts is None:
-        return None
-    bound: list[tuple[str, str | None]] = []
-    text = ""
-    for literal, name in parts:
-        text += literal
-        if name is None:
-            continue
-        if name in fixed:
-            text += fixed[name]
-        else:
-            bound.append((text, name))
-            text = ""
-    bound.append((text, None))
-    return tuple(bound)
-
-
-def fill_parts(parts: TemplateParts, values: Mapping[str, Any], template: str) -> str:
-    """The text of ``parts`` (of ``template``) with its fields filled from ``values``."""
-    out = []
-    try:
-        for text, name in parts:
-            out.append(text)
-            if name is not None:
-                value = values[name]
-                out.append(value if type(value) is str else format(value))
-    except (KeyError, ValueError) as exc:
-        raise _unknown_field(template, values, exc) from exc
-    return "".join(out)
-
-
-def _unknown_field(template: str, values: Mapping[str, Any], exc: Exception) -> ConfigError:
-    return ConfigError(
-        f"prompt template {template[:60]!r}… uses {exc}, which is not a known field; use "
-        f"{sorted(values)} (double braces for literal ones)"
-    )
-
-
-@lru_cache(maxsize=256)
-def _plain_parts(template: str) -> tuple[tuple[str, str | None], ...] | None:
-    """``template``'s literal texts, each with the field after it; None when a field has a
-    conversion, a format spec or an index or attribute, or the template does not parse
-    (``format_map`` then does it all, errors included)."""
-    try:
-        parsed = list(Formatter().parse(template))
-    except ValueError:
-        return None
-    if any(name is not None and (conversion or spec or not name.isidentifier())
-           for _, name, spec, conversion in parsed):
-        return None
-    return tuple((text, name) for text, name, _, _ in parsed)
-
-
-def names_persona(template: Template) -> bool:
-    """Whether a template places the speaker's persona itself (``{persona}``); if it does not (or
-    is a callable), the persona stays the request's system prompt, as before protocol 2."""
-    return not callable(template) and _names_persona(template)
-
-
-@lru_cache(maxsize=64)
-def _names_persona(template: str) -> bool:
-    return any(name == "persona" for _, name, _, _ in Formatter().parse(template))
-
-
-def validate_template(name: str, template: Template) -> None:
-    """Fail at construction, not mid-debate, on a template that names an unknown field."""
-    if callable(template):
-        return
-    if not isinstance(template, str):
-        raise ConfigError(f"prompt {name!r} must be a str.format template or a callable")
-    render_prompt(template, PromptContext("", "", "", 0, "", "", "", ""))

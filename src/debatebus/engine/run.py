@@ -10,15 +10,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant, fixed_fields
-from debatebus.engine.prompts import (
+from debatebus.engine.result import DebateState, Progress
+from debatebus.engine.rules import check_budget, latest_verdict, stop_reached
+from debatebus.engine.templates import (
     PromptContext,
     fill_parts,
     fill_template,
     names_persona,
     template_fields,
 )
-from debatebus.engine.result import DebateState, Progress
-from debatebus.engine.rules import check_budget, latest_verdict, stop_reached
 from debatebus.engine.transcript import Round, Turn, render_round
 from debatebus.exceptions import LLMError
 from debatebus.llm.base import LLMRequest
