@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from tests.support.loop import LoopTurns
 
 from debatebus.checkpoints import Counters, SQLiteCheckpointStore
 from debatebus.exceptions import TransportError
@@ -111,25 +112,15 @@ async def test_calls_run_off_the_event_loop(tmp_path: Path) -> None:
     path = tmp_path / "locked.db"
     async with SQLiteCheckpointStore(path) as store:
         await store.begin("d1", b"h")
-        ticks = 0
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0)
-
-        ticking = asyncio.create_task(ticker())
-        with WriteLockHolder(path):
-            appends = [asyncio.create_task(store.append("d1", f"e{i}".encode(), Counters(calls=i)))
-                       for i in range(200)]
-            await asyncio.sleep(0.5)
-            assert not any(task.done() for task in appends)
-            assert ticks > 100  # the loop ran while every append was stuck on the lock
-        counts = await asyncio.gather(*appends)
-        ticking.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticking
+        async with LoopTurns() as turns:
+            with WriteLockHolder(path):
+                appends = [asyncio.create_task(store.append("d1", f"e{i}".encode(),
+                                                            Counters(calls=i)))
+                           for i in range(200)]
+                await asyncio.sleep(0.5)
+                assert not any(task.done() for task in appends)
+                assert turns.count > 100  # the loop ran while every append was stuck on the lock
+            counts = await asyncio.gather(*appends)
         assert counts == list(range(1, 201))  # submitted order is commit order: one worker thread
         loaded = await store.load("d1")
     assert loaded is not None
@@ -139,21 +130,10 @@ async def test_calls_run_off_the_event_loop(tmp_path: Path) -> None:
 async def test_ticker_keeps_ticking_during_appends(tmp_path: Path) -> None:
     async with SQLiteCheckpointStore(tmp_path / "t.db") as store:
         await store.begin("d1", b"h")
-        ticks = 0
-        stop = asyncio.Event()
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while not stop.is_set():
-                ticks += 1
-                await asyncio.sleep(0)
-
-        ticking = asyncio.create_task(ticker())
-        for i in range(200):
-            await store.append("d1", b"x" * 500, Counters(calls=i))
-        stop.set()
-        await ticking
-    assert ticks >= 200
+        async with LoopTurns() as turns:
+            for i in range(200):
+                await store.append("d1", b"x" * 500, Counters(calls=i))
+    assert turns.count >= 200
 
 
 def _rows(path: Path) -> dict[str, int]:

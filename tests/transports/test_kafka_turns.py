@@ -3,11 +3,11 @@ so aiokafka's producer task writes results while the rest of the batch is handle
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 from aiokafka import TopicPartition
+from tests.support.loop import LoopTurns
 
 from debatebus.transports.kafka import KafkaTransport
 from debatebus.transports.kafka.group import HANDOUT_BURST, Member
@@ -35,20 +35,9 @@ def _member_with(records: int) -> Member:
 async def _turns_taken_by_others(member: Member, count: int) -> tuple[list[str], int]:
     """Hand out ``count`` deliveries; the ids handed out, and how many turns another task (as
     aiokafka's sender, which runs whenever the loop gets a turn) had meanwhile."""
-    turns = 0
-
-    async def other_task() -> None:
-        nonlocal turns
-        while True:
-            turns += 1
-            await asyncio.sleep(0)
-
-    other = asyncio.create_task(other_task())
-    await asyncio.sleep(0)
-    before = turns
-    handed = [await member.next() for _ in range(count)]
-    other.cancel()
-    return [d.id for d in handed if d is not None], turns - before
+    async with LoopTurns() as turns:
+        handed = [await member.next() for _ in range(count)]
+    return [d.id for d in handed if d is not None], turns.count
 
 
 async def test_a_buffered_batch_is_handed_out_with_turns_for_the_loop_in_between() -> None:
