@@ -1,5 +1,5 @@
-"""The shipped prompts, in English and Spanish (a ``Language`` each); how templates are filled is
-``templates``'."""
+"""The shipped prompts, in English and Spanish (a ``Language`` each). How templates are filled:
+``debatebus.engine.templates``."""
 
 from __future__ import annotations
 

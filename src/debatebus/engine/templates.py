@@ -140,7 +140,7 @@ def _unknown_field(template: str, values: Mapping[str, Any], exc: Exception) -> 
 
 
 @lru_cache(maxsize=256)
-def _plain_parts(template: str) -> tuple[tuple[str, str | None], ...] | None:
+def _plain_parts(template: str) -> TemplateParts | None:
     """``template``'s literal texts, each with the field after it; None when a field has a
     conversion, a format spec or an index or attribute, or the template does not parse
     (``format_map`` then does it all, errors included)."""
