@@ -3,6 +3,8 @@ limits as token budgets. Scripted answers are the embedded model's real failures
 
 from __future__ import annotations
 
+import re
+
 import hypothesis
 import hypothesis.strategies as st
 
@@ -113,6 +115,19 @@ def test_a_text_the_screen_passes_over_matches_no_pattern(text: str) -> None:
         assert _heading("optimist").match(text) is None
         assert _turn_start(NAMES).search(text) is None
         assert clean_turn(text, "optimist", NAMES) == text
+
+
+@hypothesis.given(st.lists(st.sampled_from(
+    ["a", "critic", "Critic", "pragmatist", " said", ":", "[x]", "[", "]", "\n", " ", "\t", "> ",
+     "round 2", "ROUND 3:", "**", "-", "\r"]), max_size=20).map("".join))
+def test_a_turn_start_is_found_where_a_multiline_caret_finds_it(text: str) -> None:
+    """The turn-start pattern searches "\n" + text with the "\n" as its first character: it
+    finds what the same pattern with ``^`` under MULTILINE finds in the text, at the same index."""
+    pattern = _turn_start(("critic", "pragmatist"))
+    assert pattern.pattern.startswith("\\n")
+    caret = re.compile("^" + pattern.pattern[2:], pattern.flags | re.MULTILINE)
+    found, expected = pattern.search("\n" + text), caret.search(text)
+    assert (found and found.start()) == (expected and expected.start())
 
 
 def test_a_heading_of_the_speaker_s_own_is_dropped_not_taken_for_another_turn() -> None:

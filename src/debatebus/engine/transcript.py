@@ -97,9 +97,13 @@ def _maybe_tagged(text: str) -> bool:
 # The patterns depend only on the names, fixed for a whole debate: built once, not per turn.
 @functools.lru_cache(maxsize=256)
 def _turn_start(names: tuple[str, ...]) -> re.Pattern[str]:
+    """A line opening another turn, searched for in "\n" + text: the line's "\n" starts the
+    pattern (a line start, as ``^`` with MULTILINE), and a literal first character lets the
+    search leap from one "\n" to the next instead of trying every position: 0.5 µs in a 1.4 KB
+    turn, where ``^`` took 4.5. A match's start is its line's start in the text itself."""
     known = "|".join(re.escape(n) for n in names)
     named = rf"(?:{known})(?: said)?\s*:" if known else r"(?!)"
-    return re.compile(rf"^[ \t>*-]*(?:{_ANY_TAG}|{named}|{_ROUND})", re.IGNORECASE | re.MULTILINE)
+    return re.compile(rf"\n[ \t>*-]*(?:{_ANY_TAG}|{named}|{_ROUND})", re.IGNORECASE)
 
 
 def clean_turn(text: str, speaker: str, names: Iterable[str]) -> str:
@@ -111,7 +115,7 @@ def clean_turn(text: str, speaker: str, names: Iterable[str]) -> str:
         return text
     others = tuple(n for n in names if n != speaker)
     text = _strip_heading(text, speaker, others)
-    cut = _turn_start(others).search(text)
+    cut = _turn_start(others).search("\n" + text)
     if cut is None:
         return text
     kept = text[: cut.start()].rstrip().splitlines()
