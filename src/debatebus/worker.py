@@ -389,9 +389,19 @@ class DebateBus:
         healthy = (None if self._link.up else
                    asyncio.get_running_loop().call_later(_HEALTHY_AFTER_S, self._link.back))
         try:
-            async for delivery in stream:
-                self._link.back()
+            while True:
+                # A free slot first, then a delivery, so none is taken (and counted as delivered)
+                # ahead of a slot to run it. The slot is not held while the read waits: a handler
+                # that lent its slot out (a parent waiting for its sub-debates) takes it back.
+                if slots.locked():
+                    await slots.acquire()
+                    slots.release()
+                try:
+                    delivery = await anext(stream)
+                except StopAsyncIteration:
+                    return
                 await slots.acquire()
+                self._link.back()
                 # The task's own slot, which its handler may lend out while it waits (ctx.waiting).
                 slot, context = Slot(slots), contextvars.copy_context()
                 context.run(current_slot.set, slot)

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+import redis.asyncio as redis_asyncio
 from tests.bus.conftest import make_debate, memory_app, running, transport_options
 from tests.support.servers import free_port
 
@@ -318,3 +319,36 @@ async def test_worker_says_at_start_what_it_serves_where(caplog: pytest.LogCaptu
              if r.levelname == "INFO" and r.getMessage().startswith("serving ")]
     assert len(lines) == 1
     assert lines[0].startswith("serving debate:start-log on memory:// as group g-start (consumer ")
+
+
+async def test_a_worker_reads_no_request_ahead_of_a_slot_to_run_it(redis_server: Any,
+                                                                     event_type: str) -> None:
+    """Redis counts every read as a delivery: a worker with all its slots busy must not hold
+    further requests (a kill would count one more delivery against each, for nothing, and
+    enough kills would dead-letter a request no handler ever ran)."""
+    started, release = [], asyncio.Event()
+
+    async def slow(payload: dict[str, Any]) -> dict[str, Any]:
+        started.append(payload["input"])
+        await release.wait()
+        return {"debateOutput": "done"}
+
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    app = DebateBus(redis_server.url, group=group, concurrency=3,
+                    transport_options=transport_options(redis_server.url))
+    app.subscribe(event_type, slow)
+    async with BusClient(redis_server.url) as client:
+        for n in range(10):
+            await client.publish(event_type, {"input": f"q{n}"}, request_id=f"{group}-{n}")
+        async with running(app):
+            for _ in range(500):
+                if len(started) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.3)  # time to read ahead, were it going to
+            probe = redis_asyncio.Redis.from_url(redis_server.url)
+            pending = await probe.xpending(event_type, group)
+            await probe.aclose()
+            release.set()
+    assert len(started) >= 3
+    assert pending["pending"] == 3, pending

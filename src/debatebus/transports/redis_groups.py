@@ -76,6 +76,15 @@ def _key_of(seat: Seat) -> str:
     return seat.key
 
 
+def _room(seats: list[Seat], prefetch: int) -> int:
+    """How many entries one read may take: what ``prefetch`` leaves beside those this consumer
+    holds, and at least one, since it is asked only for a delivery a free slot will run (a slot
+    a waiting handler lent out is free too). Redis counts every read as a delivery, so entries
+    read ahead of any slot to run them would each count one more, for nothing, when the worker
+    holding them dies."""
+    return max(1, prefetch - sum(len(seat.inflight) for seat in seats))
+
+
 class ConsumerGroups:
     """Consuming through consumer groups: seats outlive ``consume`` calls (consuming again after
     an error carries on with what is held), and ``start``/``stop`` run the keep-alive."""
@@ -144,10 +153,10 @@ class ConsumerGroups:
                 try:
                     if next_claim <= time.monotonic() or any(seat.claim_due for seat in seats):
                         next_claim = time.monotonic() + self._claim_idle_ms / 2000
-                        batch = await self._reclaim(seats, prefetch)
+                        batch = await self._reclaim(seats, _room(seats, prefetch))
                     if not batch:
                         batch = await (several.next() if several is not None
-                                       else self._read_new(seats, prefetch))
+                                       else self._read_new(seats, _room(seats, prefetch)))
                 except TransportError as e:
                     if not any(code in str(e.__cause__) for code in ("NOGROUP", "UNBLOCKED")):
                         raise
