@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
 
-from debatebus.backoff import Backoff
+from debatebus.broker_link import BrokerLink, broker_where
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import Answers, request_message
 from debatebus.collector import DEFAULT_COLLECTOR, Collector
@@ -39,7 +39,7 @@ from debatebus.handlers.contract import Handler, Slot, adapt, current_slot
 from debatebus.handlers.handler import attach_default_stores
 from debatebus.observability.heartbeat import beat_forever, send_last_beat
 from debatebus.observe import Observer, fan_out
-from debatebus.settler import BACKOFF_BASE_S, BACKOFF_CAP_S, Route, Settler
+from debatebus.settler import Route, Settler
 from debatebus.transports import (
     Delivery,
     MemoryTransport,
@@ -59,44 +59,6 @@ EVENTS_TOPIC = "debate:events"
 _HEALTHY_AFTER_S: Final = 1.0
 #: How long a stopping worker tries to tell ``debatebus check`` so before draining anyway.
 _LAST_BEAT_TIMEOUT_S: Final = 2.0
-
-
-class _Link:
-    """The worker's view of its broker: up, or in an outage (logged once each way)."""
-
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.up = True
-        self.backoff = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)
-        #: Set when the link comes back, so the heartbeat says so at once.
-        self.wake = asyncio.Event()
-
-    def lost(self, exc: TransportError, *, starting: bool = False) -> None:
-        if self.up and starting:
-            log.warning("cannot connect at start-up (broker %s): %s; retrying with backoff (up to "
-                        "%g s) until it works or the worker is stopped", self.where, exc,
-                        BACKOFF_CAP_S)
-        elif self.up:
-            log.warning("lost the connection to the broker at %s: %s; reconnecting with backoff "
-                        "(up to %g s), in-flight debates keep running", self.where, exc,
-                        BACKOFF_CAP_S)
-        self.up = False
-
-    def back(self) -> None:
-        self.backoff.reset()
-        if not self.up:
-            log.info("connected to the broker at %s again", self.where)
-            self.up = True
-            self.wake.set()
-
-
-def _where(broker: str | Transport) -> str:
-    """The broker for log lines: scheme and hosts, never the userinfo or query of its URL."""
-    if not isinstance(broker, str):
-        return type(broker).__name__
-    scheme, _, rest = broker.partition("://")
-    hosts = rest.split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
-    return f"{scheme}://{hosts}"
 
 
 class DebateBus:
@@ -135,7 +97,7 @@ class DebateBus:
         # What the default checkpoint store is chosen by; None: a transport we cannot see into.
         self._store_url = (broker if isinstance(broker, str) else
                            "memory://" if isinstance(broker, MemoryTransport) else None)
-        self._where = _where(broker)
+        self._where = broker_where(broker)
         self.group = group
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.concurrency = concurrency
@@ -154,7 +116,7 @@ class DebateBus:
         self._stop_requested = False
         self._stopping: asyncio.Event | None = None  # made on the running loop
         self._run_done: asyncio.Event | None = None
-        self._link = _Link(self._where)
+        self._link = BrokerLink(self._where)
         self._inflight: dict[asyncio.Task[None], Delivery] = {}
         self._answers = Answers(self.transport)  # sub-debates' children's results
         self._connected = False
@@ -246,7 +208,7 @@ class DebateBus:
         if not self.routes:
             raise ConfigError("no handlers: call app.subscribe('debate:request', debate.as_handler())")
         self._stopping, self._run_done = asyncio.Event(), asyncio.Event()
-        self._link = _Link(self._where)
+        self._link = BrokerLink(self._where)
         if self._stop_requested:
             self._stopping.set()
         try:
