@@ -55,8 +55,9 @@ __all__ = ["HANDOUT_BURST", "MarkAt", "Member", "Recheck"]
 _ASSIGNMENT_WATCH_S: Final = 60
 #: Deliveries handed out between two turns of the event loop (see "Turns" above). Each turn
 #: costs a loop pass; fewer turns batch writes better, more let results out sooner. Measured
-#: (benchmarks/bus.py, instant debates): 8 keeps a worker busy at the CPU per request of whole
-#: batches; 1 costs ~15% more CPU per request; 16 sometimes leaves the lockstep in place.
+#: (benchmarks/bus.py, instant debates, docs/benchmarks.md stop 24): with 8 the worker is busy
+#: 95–99% of the time at ~5% more CPU per request than whole batches; 1 costs ~15% more; 16
+#: sometimes leaves the lockstep in place.
 HANDOUT_BURST: Final = 8
 
 #: The transport's: forget which topics exist and ensure these (by Kafka name) again.
