@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointHeader",
     "StoredResult",
     "counters_of",
+    "debate_key",
     "decode_header",
     "decode_result",
     "encode_entry",
@@ -54,6 +55,14 @@ def request_fingerprint(question: str, max_rounds: int | None, preset: str | Non
     if depth:
         asked["depth"] = depth
     return hashlib.sha256(_ENCODER.encode(asked)).hexdigest()[:32]
+
+
+def debate_key(namespace: str, debate_id: str) -> str:
+    """Where a debate's checkpoint, result and lease are kept in a store: its debate id within
+    ``namespace``, the event type it was asked on (on a bus) or the debate's name (called
+    directly). So each hop of a chain owns its debate although requestIds (and echoed debateIds)
+    travel along the chain, and a replay of an event type finds that event type's debates."""
+    return f"{namespace}/{debate_id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ __all__ = [
     "completed_topic",
     "decode_request",
     "failed_topic",
+    "is_result_topic",
     "lenient_request",
     "new_message_id",
     "now_iso",
@@ -64,6 +65,12 @@ def completed_topic(event_type: str) -> str:
 
 def failed_topic(event_type: str) -> str:
     return f"event:{event_type}:failed"
+
+
+def is_result_topic(topic: str) -> bool:
+    """Whether ``topic`` carries results (``event:<type>:completed`` or ``…:failed``): a handler
+    subscribed to one is a hop of a chain, and its payloads are another debate's results."""
+    return topic.startswith("event:") and topic.endswith((":completed", ":failed"))
 
 
 def new_message_id() -> str:
