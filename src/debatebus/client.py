@@ -52,9 +52,12 @@ class BusClient:
 
     async def publish(self, event_type: str, payload: Mapping[str, Any], *,
                       request_id: str | None = None, correlation_id: str | None = None,
+                      causation_id: str | None = None,
                       headers: Mapping[str, str] | None = None) -> str:
+        """Publish a request envelope (see ``request_message``); returns its requestId."""
         message = request_message(event_type, payload, request_id=request_id,
-                                  correlation_id=correlation_id, headers=headers)
+                                  correlation_id=correlation_id, causation_id=causation_id,
+                                  headers=headers)
         await self.transport.publish(message)
         return str(message.key)
 
@@ -171,14 +174,16 @@ def _result_topics(event_type: str) -> list[str]:
 
 
 def request_message(event_type: str, payload: Mapping[str, Any], *, request_id: str | None = None,
-                    correlation_id: str | None = None,
+                    correlation_id: str | None = None, causation_id: str | None = None,
                     headers: Mapping[str, str] | None = None) -> Outgoing:
     """A request envelope with a fresh ``messageId``, ready to publish, carrying the current trace
-    context when there is one."""
+    context when there is one. A service that publishes because of a message (a hop of a chain)
+    passes that message's ``messageId`` as ``causation_id`` and its ``correlationId`` on."""
     rid = request_id or uuid.uuid4().hex
     body = ENVELOPE_ENCODER.encode(Envelope(
         request_id=rid, payload=dict(payload), message_id=new_message_id(), type=event_type,
-        correlation_id=correlation_id, timestamp=now_iso(), headers=inject_traceparent(headers)))
+        correlation_id=correlation_id, causation_id=causation_id, timestamp=now_iso(),
+        headers=inject_traceparent(headers)))
     return Outgoing(event_type, body, key=rid)
 
 

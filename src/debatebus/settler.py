@@ -30,7 +30,7 @@ from debatebus.client import Answers
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
 from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult
-from debatebus.handlers.results import failure_fields
+from debatebus.handlers.results import echo, failure_fields
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas.envelope import (
     Envelope,
@@ -178,8 +178,10 @@ class Settler:
             result = failure_result(request.payload, request.request_id, str(exc))
             outcome = "bad_input"
         else:
-            outcome = ("failed" if result.status == "failed" else
-                       "replayed" if result.replayed else "completed")
+            # A stored or shared answer is a replay whatever its status (no model was called):
+            # logs and metrics count what happened, once.
+            outcome = ("replayed" if result.replayed else
+                       "failed" if result.status == "failed" else "completed")
             result = self.transport.dialect.answered(result)
         return await self._answer(delivery, request, result, outcome, ctx)
 
@@ -324,15 +326,15 @@ def failure_result(payload: Mapping[str, Any], request_id: str, error: str, *,
 
 
 def _echo(payload: Mapping[str, Any], limit: int) -> dict[str, Any]:
-    """``payload`` when its JSON fits in ``limit`` bytes; else its small fields and
+    """``payload`` (its ``echo``) when its JSON fits in ``limit`` bytes; else its small fields and
     ``debatePayloadTruncated``: the payload's size, the limit, and the fields dropped."""
     size = len(EVENT_ENCODER.encode(payload))
     if size <= limit:
-        return dict(payload)
+        return echo(payload)
     kept: dict[str, Any] = {}
     dropped: list[str] = []
     budget = min(_KEPT_BYTES, limit // 4)
-    for name, value in payload.items():
+    for name, value in echo(payload).items():
         cost = len(name) + len(EVENT_ENCODER.encode(value))
         if cost <= _SMALL_FIELD and cost <= budget:
             kept[name] = value

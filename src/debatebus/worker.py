@@ -398,11 +398,13 @@ class DebateBus:
 
     async def publish(self, event_type: str, payload: Mapping[str, Any], *,
                       request_id: str | None = None, correlation_id: str | None = None,
+                      causation_id: str | None = None,
                       headers: Mapping[str, str] | None = None) -> str:
-        """Publish a request envelope; returns its requestId."""
+        """Publish a request envelope (see ``client.request_message``); returns its requestId."""
         await self.connect()
         message = request_message(event_type, payload, request_id=request_id,
-                                  correlation_id=correlation_id, headers=headers)
+                                  correlation_id=correlation_id, causation_id=causation_id,
+                                  headers=headers)
         await self.transport.publish(message)
         return str(message.key)
 

@@ -11,6 +11,7 @@ from debatebus import Budget, Debate, FunctionLLM, Judge, LLMRequest, Participan
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.exceptions import LeaseLostError
+from debatebus.handlers.checkpointing import debate_key
 
 
 class Crash(BaseException):
@@ -81,7 +82,7 @@ async def test_resume_skips_rounds_that_were_stored_twice() -> None:
     first = CountingLLM(crash_at=9)  # framing, r1 (3 calls), r2 (3 calls), r3: a, then crash
     with pytest.raises(Crash):
         await debate(first).as_handler(store=store)({"input": "t"}, request_id="twice")
-    stored = await store.load("twice")
+    stored = await store.load(debate_key("durable", "twice"))
     assert stored is not None and len(stored.entries) == 6  # framing, r1, r2: each twice
     second = CountingLLM()
     result = await debate(second).as_handler(store=store)({"input": "t"}, request_id="twice")
@@ -119,7 +120,7 @@ async def test_rerun_runs_afresh_under_a_new_debate_id() -> None:
 async def test_live_lease_blocks_a_second_run_and_expired_one_allows_resume() -> None:
     store = MemoryCheckpointStore()
     # Live 1 s past the check below, so a stalled machine cannot see it lapse before then.
-    assert await store.acquire_lease("d4", "other-worker", 1.3)
+    assert await store.acquire_lease(debate_key("durable", "d4"), "other-worker", 1.3)
     llm = CountingLLM()
     task = asyncio.create_task(debate(llm).as_handler(store=store, lease_ttl_s=5)(
         {"input": "t"}, request_id="d4"))
@@ -142,13 +143,13 @@ async def test_losing_the_lease_stops_the_run_without_a_result() -> None:
     handler = debate(FunctionLLM(slow), rounds=20).as_handler(store=store, lease_ttl_s=1.5)
     task = asyncio.create_task(handler({"input": "t"}, request_id="d5"))
     await asyncio.sleep(0.2)
-    lease = await store.get_lease("d5")
+    lease = await store.get_lease(debate_key("durable", "d5"))
     assert lease is not None
-    await store.release_lease("d5", lease.owner)  # another worker takes it over
-    assert await store.acquire_lease("d5", "thief", 30)
+    await store.release_lease(debate_key("durable", "d5"), lease.owner)  # another worker takes it over
+    assert await store.acquire_lease(debate_key("durable", "d5"), "thief", 30)
     with pytest.raises(LeaseLostError):
         await asyncio.wait_for(task, 10)
-    assert await store.get_result("d5") is None
+    assert await store.get_result(debate_key("durable", "d5")) is None
 
 
 async def test_drift_strict_refuses_and_loose_resumes_by_round_number() -> None:
@@ -186,7 +187,7 @@ async def _checkpoint_size(store: CheckpointStore, rounds: int) -> int:
     with pytest.raises(Crash):
         await debate(llm, rounds=rounds).as_handler(store=store)({"input": "t"},
                                                                 request_id=f"size-{rounds}")
-    return await store.size_bytes(f"size-{rounds}")
+    return await store.size_bytes(debate_key("durable", f"size-{rounds}"))
 
 
 async def test_checkpoint_bytes_grow_linearly_with_rounds() -> None:

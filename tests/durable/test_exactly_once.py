@@ -23,9 +23,8 @@ from debatebus.checkpoints.base import Counters
 from debatebus.exceptions import ConfigError, InputError, TransportError
 from debatebus.handlers import attach_default_stores
 from debatebus.handlers.checkpointing import (
-    CheckpointHeader,
+    debate_key,
     decode_result,
-    encode_header,
     request_fingerprint,
 )
 
@@ -171,7 +170,7 @@ async def test_another_input_cannot_resume_a_checkpointed_debate() -> None:
     with pytest.raises(InputError, match="requestId 'r8' was already used"):
         await handler({"input": "b"}, request_id="r8")
     assert counting.calls == []
-    assert await store.get_lease("r8") is None, "the refused run must release the lease"
+    assert await store.get_lease(debate_key("once", "r8")) is None, "the refused run must release the lease"
     resumed = await handler({"input": "a"}, request_id="r8")
     assert resumed["debateStatus"] == "completed"
 
@@ -185,29 +184,22 @@ async def test_concurrent_copies_with_different_inputs_never_share_an_answer() -
     assert isinstance(results[1], InputError)
 
 
-async def test_results_and_headers_from_before_fingerprints() -> None:
+async def test_a_v02_debate_is_not_found_under_its_bare_id() -> None:
+    """v0.2 kept debates under the bare debate id; this version keys them by event type (or, called
+    directly, the debate's name), so an old record is never taken for this request's answer."""
     store = MemoryCheckpointStore()
-    handler = make_debate(Counting()).as_handler(store=store)
-    # A result stored by an older version carries no fingerprint: it is trusted, as it was.
+    counting = Counting()
+    handler = make_debate(counting).as_handler(store=store)
     await store.put_result("old", b'{"debateId": "old", "debateStatus": "completed"}')
-    replayed = await handler({"input": "anything"}, request_id="old")
-    assert replayed["debateReplayed"] is True
-    # An older header has no fingerprint: its topic decides.
-    header = CheckpointHeader(debate_id="h", debate_name="once",
-                              definition_hash=handler.debate.definition_hash,
-                              protocol_version="1", question="the old topic", created_at="then")
-    await store.begin("h", encode_header(header))
-    with pytest.raises(InputError):
-        await handler({"input": "another topic"}, request_id="h")
-    resumed = await handler({"input": "the old topic"}, request_id="h")
-    assert resumed["debateStatus"] == "completed"
+    answered = await handler({"input": "anything"}, request_id="old")
+    assert answered["debateReplayed"] is False and counting.calls
 
 
 async def test_the_stored_result_records_the_fingerprint_but_returns_only_result_fields() -> None:
     store = MemoryCheckpointStore()
     handler = make_debate(Counting()).as_handler(store=store)
     first = await handler({"input": "q", "maxRounds": 1}, request_id="fp")
-    raw = await store.get_result("fp")
+    raw = await store.get_result(debate_key("once", "fp"))
     assert raw is not None
     stored = decode_result(raw)
     assert stored.fingerprint == request_fingerprint("q", 1)

@@ -10,6 +10,7 @@ from tests.durable.test_group_commit import debate, llm
 
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.handlers import durable
+from debatebus.handlers.checkpointing import debate_key
 
 
 class HeldFinishes(MemoryCheckpointStore):
@@ -53,7 +54,7 @@ async def test_a_wave_of_endings_stores_a_few_results_at_a_time(
     assert [r["debateStatus"] for r in results] == ["completed"] * 10
     assert store.most == 3
     for n in range(10):
-        assert await store.get_result(f"r{n}") is not None
+        assert await store.get_result(debate_key("gc", f"r{n}")) is not None
 
 
 async def test_a_debate_waiting_for_its_turn_to_finish_keeps_its_lease(
@@ -77,7 +78,7 @@ async def test_a_debate_waiting_for_its_turn_to_finish_keeps_its_lease(
     assert len(calls) == 2 * per_debate, "the second debate never ended"
     await asyncio.sleep(ttl + 0.3)  # ended, waiting for the slot: past a ttl since then
     assert store.waiting == 1 and not second.done()
-    lease = await store.get_lease("r2")
+    lease = await store.get_lease(debate_key("gc", "r2"))
     assert lease is not None, "the waiting debate's lease lapsed"
     store.gate.set()
     assert [r["debateStatus"] for r in await asyncio.gather(first, second)] == ["completed"] * 2

@@ -12,6 +12,7 @@ from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.checkpoints.base import Counters
 from debatebus.exceptions import TransportError
+from debatebus.handlers.checkpointing import debate_key
 
 
 class RecordingStore(MemoryCheckpointStore):
@@ -58,7 +59,7 @@ async def test_a_debate_that_waits_writes_each_step_as_it_goes() -> None:
     assert result["debateStatus"] == "completed"
     # framing, then rounds 1..3, each written while the debate waited on its next call
     assert store.appends == [1, 1, 1, 1]
-    assert await store.get_result("r1") is not None
+    assert await store.get_result(debate_key("gc", "r1")) is not None
 
 
 async def test_a_debate_that_never_waits_writes_only_its_result() -> None:
@@ -67,8 +68,9 @@ async def test_a_debate_that_never_waits_writes_only_its_result() -> None:
                                                                            request_id="r1")
     assert result["debateStatus"] == "completed"
     assert store.appends == []  # superseded by the result, which finish stored
-    assert await store.get_result("r1") is not None
-    assert await store.load("r1") is None  # and the checkpoint is gone, as after every finish
+    assert await store.get_result(debate_key("gc", "r1")) is not None
+    # and the checkpoint is gone, as after every finish
+    assert await store.load(debate_key("gc", "r1")) is None
 
 
 async def test_a_commit_waits_for_the_write_on_the_wire() -> None:
@@ -97,7 +99,7 @@ async def test_a_failed_write_fails_the_run_at_its_next_commit() -> None:
     # the framing's write failed (after store_outage_s) while round 1 ran: round 1's commit
     # raised it, and no later round was paid for
     assert not any(c.endswith(":2:a") for c in calls)
-    assert await store.get_result("r1") is None
+    assert await store.get_result(debate_key("gc", "r1")) is None
 
 
 async def test_a_run_that_crashes_keeps_what_it_committed() -> None:
@@ -117,6 +119,6 @@ async def test_a_run_that_crashes_keeps_what_it_committed() -> None:
     with pytest.raises(Crash):
         await debate(FunctionLLM(answer, model="fn")).as_handler(store=store)(
             {"input": "q"}, request_id="r1")
-    checkpoint = await store.load("r1")
+    checkpoint = await store.load(debate_key("gc", "r1"))
     assert checkpoint is not None and len(checkpoint.entries) == 2  # framing and round 1
     assert checkpoint.counters.calls == 4

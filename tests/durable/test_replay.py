@@ -15,6 +15,7 @@ from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore, store_from_url
 from debatebus.cli.ops_cmds import parse_position, replay_range
 from debatebus.client import BusClient
+from debatebus.handlers.checkpointing import debate_key
 from debatebus.transports import transport_from_url
 from debatebus.worker import DebateBus
 
@@ -82,7 +83,7 @@ async def test_replay_cli_prints_a_summary(redis_server: Any) -> None:
         client = BusClient(transport)
         await client.publish(event_type, {"input": "a"}, request_id="x1")
         await client.publish(event_type, {"input": "b"}, request_id="x2")
-        await store.put_result("x1", b'{"debateStatus": "completed"}')
+        await store.put_result(debate_key(event_type, "x1"), b'{"debateStatus": "completed"}')
     out = await asyncio.to_thread(subprocess.run, [
         sys.executable, "-m", "debatebus", "replay", event_type, "--broker", redis_server.url],
         capture_output=True, text=True, timeout=60)

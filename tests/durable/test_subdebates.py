@@ -23,6 +23,7 @@ from tests.bus.test_subdebates import (
 
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import Answers
+from debatebus.handlers.checkpointing import debate_key
 from debatebus.handlers.contract import HandlerContext, HandlerResult
 from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope
 from debatebus.settler import result_message
@@ -88,7 +89,7 @@ async def test_the_childs_id_is_committed_before_its_request_is_published():
     requests = await setup.transport.subscribe([setup.security_type])
     running = setup.parent_worker()
     request = await next_request(requests)
-    checkpoint = await setup.store.load("p1")
+    checkpoint = await setup.store.load(debate_key(setup.parent_type, "p1"))
     assert checkpoint is not None
     last = msgspec.json.decode(checkpoint.entries[-1])
     assert last["type"] == "child"

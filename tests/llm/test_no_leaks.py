@@ -135,4 +135,5 @@ async def test_nothing_a_bus_run_writes_holds_a_secret(tmp_path: Path) -> None:
         assert secret not in payload
         assert all(secret.encode() not in body for body in published)
         assert secret.encode() not in db.read_bytes()
-    assert b"user:***@127.0.0.1:9" in db.read_bytes()  # the store did keep the error
+    # An unreachable provider may pass: the failure is published, not stored as the answer.
+    assert result.payload["debateRetryable"] is True

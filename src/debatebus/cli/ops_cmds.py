@@ -17,6 +17,7 @@ from typing import Any
 from debatebus.checkpoints import CheckpointStore, store_from_url
 from debatebus.cli.common import add_broker, broker_url
 from debatebus.exceptions import ConfigError
+from debatebus.handlers.checkpointing import debate_key
 from debatebus.schemas.envelope import lenient_request
 from debatebus.transports import Delivery, Outgoing, Transport, transport_from_url
 
@@ -121,7 +122,7 @@ async def replay_range(transport: Transport, event_type: str, *, start: Position
         if debate_id is None:
             summary.reruns += 1
         else:
-            stored_ids.append(debate_id)
+            stored_ids.append(debate_key(event_type, debate_id))
     if store is not None and stored_ids:
         summary.already_finished = sum(await store.has_results(stored_ids))
     for delivery in batch:

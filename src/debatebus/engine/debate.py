@@ -129,6 +129,7 @@ class Debate(DebateSpec):
         outcome: Outcome | None = None
         synthesis: Turn | None = None
         error: str | None = None
+        retryable = False
         try:
             deadline = _NO_DEADLINE if self.deadline_s is None else asyncio.timeout(self.deadline_s)
             async with deadline:
@@ -140,10 +141,10 @@ class Debate(DebateSpec):
                 if outcome.synthesis is not None:
                     synthesis = await synthesize(run, outcome.synthesis)
         except DebateFailure as failure:
-            error = str(failure)
+            error, retryable = str(failure), not failure.final
         except TimeoutError:
-            error = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s"
-        result = await finish(run, outcome, synthesis, error)
+            error, retryable = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s", True
+        result = await finish(run, outcome, synthesis, error, retryable=retryable)
         result.sub_debates = list(run.progress.sub_debates)
         if self.on_metrics is not None:
             reported = self.on_metrics(DebateMetrics.of(result))

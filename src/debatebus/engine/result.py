@@ -40,6 +40,9 @@ class DebateResult:
     resumed_from_round: int = 0
     #: Its sub-debates (domain, child id, who asked, status, synthesis, usage), in start order.
     sub_debates: list[SubDebateRecord] = field(default_factory=list)
+    #: A failure that may pass (a provider error, a timeout…): running again may complete it.
+    #: False for a completed debate and for a final failure (a budget reached).
+    retryable: bool = False
 
     @property
     def transcript(self) -> Transcript:

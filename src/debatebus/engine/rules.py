@@ -31,7 +31,16 @@ __all__ = [
 
 
 class DebateFailure(Exception):
-    """Ends a run with status ``failed``; the message becomes the result's ``error``."""
+    """Ends a run with status ``failed``; the message becomes the result's ``error``.
+
+    ``final``: running the debate again cannot end otherwise (a budget reached). Any other
+    failure (a provider's error, a key or setting that is wrong, a timeout, a malformed answer)
+    may pass: its result is published but not stored as the debate's answer, so a resend or a
+    replay runs it again from its last committed round."""
+
+    def __init__(self, message: str, *, final: bool = False) -> None:
+        super().__init__(message)
+        self.final = final
 
 
 def check_budget(budget: Budget, calls: int, usage: TokenUsage, request: LLMRequest) -> None:

@@ -22,7 +22,7 @@ from debatebus.engine.transcript import (
     render_round,
     speaker_tags,
 )
-from debatebus.exceptions import BudgetExceededError, LLMError
+from debatebus.exceptions import BudgetExceededError, LLMError, TransportError
 from debatebus.llm.base import LLMRequest, LLMResponse, Message, model_name
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
@@ -118,7 +118,9 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
                 break
     except BudgetExceededError as exc:
         run.spend_failed(exc)
-        raise DebateFailure(str(exc)) from exc
+        raise DebateFailure(str(exc), final=True) from exc
+    except TransportError:
+        raise  # the broker, store or limiter failed, not the participant: the delivery is released
     except Exception as exc:
         usage = spent + run.spend_failed(exc)
         error = _describe(exc)
@@ -165,10 +167,13 @@ async def role_call(
         request = request_for(run, who, purpose, number, prompt, schema)
         run.count_call(request)
         response = await run.spec.llm_for(who).complete(request)
+    except TransportError:
+        raise  # the broker, store or limiter failed, not the model: the delivery is released
     except Exception as exc:
         run.spend_failed(exc)
         raise DebateFailure(
-            f"{purpose} by {who.name!r} failed in round {number}: {_describe(exc)}"
+            f"{purpose} by {who.name!r} failed in round {number}: {_describe(exc)}",
+            final=isinstance(exc, BudgetExceededError),  # running again meets the same budget
         ) from exc
     run.spend(response.usage)
     return response, (time.perf_counter() - started) * 1000.0
@@ -258,9 +263,11 @@ async def emit_phi(run: Run, phi_hat: float | None) -> None:
 
 
 def debate_result(
-    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None
+    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None, *,
+    retryable: bool = False,
 ) -> DebateResult:
-    """The run's state and its protocol's outcome (None when the debate failed before one)."""
+    """The run's state and its protocol's outcome (None when the debate failed before one);
+    ``retryable``: the failure ``error`` may pass (see ``DebateFailure``)."""
     rounds = run.progress.rounds
     sole = outcome.sole_output if outcome is not None else None
     return DebateResult(
@@ -280,14 +287,16 @@ def debate_result(
         calls=run.progress.calls,
         debate_name=run.spec.name,
         resumed_from_round=run.resumed_from,
+        retryable=error is not None and retryable,
     )
 
 
 async def finish(
-    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None
+    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None, *,
+    retryable: bool = False,
 ) -> DebateResult:
     """The result, announced as DebateCompleted or DebateFailed."""
-    result = debate_result(run, outcome, synthesis, error)
+    result = debate_result(run, outcome, synthesis, error, retryable=retryable)
     if error is None:
         await run.emit(
             ev.DebateCompleted,
@@ -304,5 +313,6 @@ async def finish(
             error=error,
             token_usage=result.token_usage,
             duration_ms=result.duration_ms,
+            retryable=result.retryable,
         )
     return result

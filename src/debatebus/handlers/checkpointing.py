@@ -2,9 +2,8 @@
 
 Both the checkpoint header and the stored result record the fingerprint of what was asked (the
 input, ``maxRounds`` and the preset, if any), so a debate id reused for another question is
-refused, never answered with the other question's debate. Records written before fingerprints
-existed: a header is checked by its question; a result carries no question and is trusted (as
-those versions did).
+refused, never answered with the other question's debate. (A record without one, written
+before fingerprints existed, was kept under a key this version never reads: ``debate_key``.)
 """
 
 from __future__ import annotations
@@ -68,8 +67,9 @@ def debate_key(namespace: str, debate_id: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Ask:
     """One request's question: its input, round cap, debate id, which field named the id, the
-    preset it asked for (None: the handler's own debate) and its sub-debate depth (0: a top-level
-    debate)."""
+    preset it asked for (None: the handler's own debate), its sub-debate depth (0: a top-level
+    debate), and its ``namespace``: the event type it was asked on, or the debate's name when
+    called directly (see ``debate_key``)."""
 
     question: str
     max_rounds: int | None
@@ -77,21 +77,26 @@ class Ask:
     id_field: str  # "requestId" or "debateId"
     request_id: str | None
     fingerprint: str
+    namespace: str
     preset: str | None = None
     depth: int = 0
 
     @classmethod
     def of(cls, question: str, max_rounds: int | None, debate_id: str, id_field: str,
-           request_id: str | None, preset: str | None = None, depth: int = 0) -> Ask:
+           request_id: str | None, namespace: str, preset: str | None = None,
+           depth: int = 0) -> Ask:
         return cls(question, max_rounds, debate_id, id_field, request_id,
-                   request_fingerprint(question, max_rounds, preset, depth), preset, depth)
+                   request_fingerprint(question, max_rounds, preset, depth), namespace, preset,
+                   depth)
 
-    def matches(self, fingerprint: str | None, question: str | None) -> bool:
-        """Whether a stored record answers this question; see the module docstring for records
-        without a fingerprint."""
-        if fingerprint is not None:
-            return fingerprint == self.fingerprint
-        return question is None or question == self.question
+    @property
+    def key(self) -> str:
+        """Where its debate is kept in a store."""
+        return debate_key(self.namespace, self.debate_id)
+
+    def matches(self, fingerprint: str | None) -> bool:
+        """Whether a stored record (its fingerprint) answers this question."""
+        return fingerprint == self.fingerprint
 
 
 def reused_id(ask: Ask) -> InputError:
@@ -99,7 +104,8 @@ def reused_id(ask: Ask) -> InputError:
         f"{ask.id_field} {ask.debate_id!r} was already used for a debate with a different input "
         "(payload.input, maxRounds or preset differ), so its result is not this request's answer: send a "
         f"new requestId{' without debateId' if ask.id_field == 'debateId' else ''} for a new "
-        'debate, or "replay": "rerun" to run this input afresh'
+        'debate, or "replay": "rerun" to run this input afresh. A chain may keep its requestId '
+        f"from hop to hop: each event type keeps its own debates (this one is on {ask.namespace!r})"
     )
 
 

@@ -7,7 +7,8 @@ For a domain mapped to an event type it publishes ``{"requestId": <child id>, "p
 out (``HandlerContext.waiting``), for ``event:<type>:completed|failed`` of that request id. A
 durable parent commits the child's record in its checkpoint before publishing (``commit``), so a
 resumed parent waits for the same child instead of publishing a second one; and a child whose
-result is already in the store (same store, debate id = request id) is not waited for at all.
+result is already in the store (same store, kept under ``debate_key(event type, child id)``) is
+not waited for at all.
 Domains mapped to a panel or a ``Debate`` run in this process (``local``).
 """
 
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import Answers, request_message
 from debatebus.engine.subdebates import ChildOutcome, ChildRequest, ChildRunner, SubDebateRecord
-from debatebus.handlers.checkpointing import decode_result
+from debatebus.handlers.checkpointing import debate_key, decode_result
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 from debatebus.transports.base import Transport
 
@@ -77,13 +78,13 @@ class BusChildren:
         event_type = request.target
         if not isinstance(event_type, str):
             return await self.local(request)
-        stored = await self._stored(request.child_id)
+        stored = await self._stored(event_type, request.child_id)
         if stored is not None:
             return stored
         # Listening before publishing, on the worker's one subscription to the event type.
         answer = await self.answers.expect(event_type, request.child_id)
         try:
-            stored = await self._stored(request.child_id)  # finished while we subscribed
+            stored = await self._stored(event_type, request.child_id)  # finished meanwhile
             if stored is not None:
                 return stored
             if await self._committed_now(request):
@@ -95,10 +96,10 @@ class BusChildren:
         finally:
             self.answers.forget(event_type, request.child_id)
 
-    async def _stored(self, child_id: str) -> ChildOutcome | None:
+    async def _stored(self, event_type: str, child_id: str) -> ChildOutcome | None:
         if self.store is None:
             return None
-        data = await self.store.get_result(child_id)
+        data = await self.store.get_result(debate_key(event_type, child_id))
         return None if data is None else outcome_of(decode_result(data).fields)
 
     async def _committed_now(self, request: ChildRequest) -> bool:

@@ -2,9 +2,17 @@
 
 The round is the retry unit: each step (the framing, every round) is committed to the store as the
 debate goes on, so a crash re-runs at most the step in progress, and the one before it if its
-write was still on the wire (``_Commits``: group commit). A finished debate's result is stored by
-debate id and every later delivery of it — redelivery, duplicate publish, ops replay — gets the
-stored result with zero LLM calls, provided it asks the same question (see ``checkpointing``).
+write was still on the wire (``_Commits``: group commit). A finished debate's result is stored
+under its key (its debate id within the event type it was asked on: ``debate_key``) and every
+later delivery of it — redelivery, duplicate publish, ops replay — gets the stored result with
+zero LLM calls, provided it asks the same question (see ``checkpointing``).
+
+Only a final result is stored: a completed debate, or a failure that running again cannot change
+(a budget reached; bad input and drift never reach the store). A failure that may pass (a
+provider's error, a wrong key, a timeout: ``DebateResult.retryable``) is published but not
+stored, and its checkpoint is kept, so a resend or a replay after the fix resumes from the last
+committed round: no committed round is paid twice. A broker, store or rate-limiter error inside
+the debate is raised, not turned into a failure: the worker releases the delivery.
 
 Each run takes the debate's lease under an owner of its own (never shared by two runs, even in one
 process), so two copies of a request can never both hold it: the second waits for the first's
@@ -137,13 +145,13 @@ class DurableRunner:
         """The debate's result fields: stored, or from a run (resumed from its checkpoint).
         ``children`` (on a bus) publishes its sub-debates, committing each before publishing;
         ``event_types``: the kinds of event ``on_event`` takes (None: all)."""
-        debate_id, owner = ask.debate_id, self.run_owner()
+        key, owner = ask.key, self.run_owner()
         header = self._header(ask)
         encoded = encode_header(header)
-        opening = await self._open(debate_id, owner, encoded)
+        opening = await self._open(key, owner, encoded)
         if opening.result is not None:
             if opening.acquired:
-                await self._release(debate_id, owner)
+                await self._release(key, owner)
             return _replayed(opening.result, ask)
         finished = False
         try:
@@ -151,20 +159,24 @@ class DurableRunner:
             expired = opening.expired
             del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
-                return failure_fields(debate_id, progress)
-            commits = _Commits(self, debate_id, progress)
+                return failure_fields(ask.debate_id, progress)
+            commits = _Commits(self, key, progress)
             try:
                 ran = await self._run_leased(ask, owner, on_event, event_types, commits, children)
             except BaseException:
                 await commits.close(superseded=False)
                 raise
+            if ran.retryable:  # a failure that may pass: published, never stored as the answer
+                self._finishing.get().release()
+                await commits.close(superseded=False)  # a resend resumes from what it committed
+                return result_fields(ran)
             try:  # with one of the runner's finishing slots, which _run_leased took
                 await commits.close(superseded=True)
                 fields = result_fields(ran)
                 if expired:
                     fields[RESULT_EXPIRED] = True
                 result = encode_result(fields, ask.fingerprint)
-                await self._patient(lambda: self.store.finish(debate_id, owner, result,
+                await self._patient(lambda: self.store.finish(key, owner, result,
                                                               **self._retention))
             finally:
                 self._finishing.get().release()
@@ -172,27 +184,27 @@ class DurableRunner:
             return fields
         finally:
             if not finished:
-                await self._release(debate_id, owner)
+                await self._release(key, owner)
 
-    async def _open(self, debate_id: str, owner: str, encoded: bytes) -> Opening:
+    async def _open(self, key: str, owner: str, encoded: bytes) -> Opening:
         """Wait while another run (here or on another worker) holds the debate: never start a
         second run of it."""
         while True:
             opening = await self._patient(lambda: self.store.start(
-                debate_id, owner, self.keeper.ttl_s, encoded, **self._retention))
+                key, owner, self.keeper.ttl_s, encoded, **self._retention))
             if opening.result is not None or opening.acquired:
                 return opening
             if opening.lease is not None and opening.lease.owner.startswith(self._runs_prefix):
                 # Ours, from a run that ended without releasing it (the single flight lets one
                 # run per debate id at a time): take it back instead of waiting out its ttl.
-                await self._release(debate_id, opening.lease.owner)
+                await self._release(key, opening.lease.owner)
                 continue
             remaining = opening.lease.expires_in_s if opening.lease else 0.0
             await asyncio.sleep(min(max(remaining, 0.05), self.lease_poll_s))
 
-    async def _release(self, debate_id: str, owner: str) -> None:
+    async def _release(self, key: str, owner: str) -> None:
         with contextlib.suppress(TransportError):
-            await self.store.release_lease(debate_id, owner)
+            await self.store.release_lease(key, owner)
 
     def _header(self, ask: Ask) -> CheckpointHeader:
         return CheckpointHeader(
@@ -207,7 +219,7 @@ class DurableRunner:
         when the checkpoint is another question's."""
         stored = opening.header
         first = header if stored is None or stored == encoded else decode_header(stored)
-        if not ask.matches(first.fingerprint, first.question):
+        if not ask.matches(first.fingerprint):
             raise reused_id(ask)
         if first.definition_hash != header.definition_hash and self.drift == "strict":
             return (f"debate {header.debate_name!r} changed since debate {ask.debate_id!r} was "
@@ -219,10 +231,11 @@ class DurableRunner:
             return None
         return restore_progress(checkpoint, self.debate.spec)
 
-    async def append(self, debate_id: str, entries: list[bytes], counters: Counters) -> None:
-        """Commit ``entries`` of a debate, with its counters, riding out a store outage."""
+    async def append(self, key: str, entries: list[bytes], counters: Counters) -> None:
+        """Commit ``entries`` of the debate kept under ``key``, with its counters, riding out a
+        store outage."""
         await self._patient(lambda: self.store.append_many(
-            debate_id, entries, counters, **self._retention))
+            key, entries, counters, **self._retention))
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           event_types: EventTypes, commits: _Commits,
@@ -236,7 +249,7 @@ class DurableRunner:
         # debate, and uncancel() tells a lost lease from a shutdown.
         task = asyncio.current_task()
         assert task is not None
-        self.keeper.track(owner, debate_id, task)
+        self.keeper.track(owner, ask.key, task)
         try:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
@@ -277,12 +290,12 @@ class _Commits:
 
     One small object per debate in flight, not a closure each."""
 
-    __slots__ = ("committed", "counters", "debate_id", "error", "lost", "pending", "progress",
+    __slots__ = ("committed", "counters", "error", "key", "lost", "pending", "progress",
                  "runner", "writer", "writing")
 
-    def __init__(self, runner: DurableRunner, debate_id: str, progress: Progress | None) -> None:
+    def __init__(self, runner: DurableRunner, key: str, progress: Progress | None) -> None:
         self.runner = runner
-        self.debate_id = debate_id
+        self.key = key  # where the debate is kept in the store
         self.progress = progress  # what the run resumes from (None: fresh)
         # Each child's last committed status (a resumed run's, from its checkpoint).
         self.committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
@@ -333,7 +346,7 @@ class _Commits:
                 entries, counters = [*map(encode_entry, self.pending)], self.counters
                 self.pending = []
                 self.writing = True
-                await self.runner.append(self.debate_id, entries, counters)
+                await self.runner.append(self.key, entries, counters)
         except Exception as e:  # the run raises it at its next commit, or at its end
             self.error = e
         finally:
@@ -368,7 +381,7 @@ def _lease_lost(debate_id: str) -> LeaseLostError:
 
 def _replayed(data: bytes, ask: Ask) -> dict[str, Any]:
     stored = decode_result(data)
-    if not ask.matches(stored.fingerprint, None):
+    if not ask.matches(stored.fingerprint):
         raise reused_id(ask)
     stored.fields["debateReplayed"] = True
     return stored.fields

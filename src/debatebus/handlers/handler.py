@@ -35,8 +35,9 @@ from debatebus.handlers.inputs import (
     read_question,
     read_replay,
 )
-from debatebus.handlers.results import result_fields
+from debatebus.handlers.results import echo, result_fields
 from debatebus.presets import PRESETS, preset
+from debatebus.schemas.envelope import is_result_topic
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate
@@ -62,10 +63,12 @@ class HandlerOptions(TypedDict, total=False):
     presets: Iterable[str]
     drift: Drift
     retention_s: float | None
+    input_field: str | None
 
 
 class _SingleFlight:
-    """One run per debate id at a time; the copies that arrive meanwhile share its result.
+    """One run per debate (its store key) at a time; the copies that arrive meanwhile share its
+    result.
 
     A run is registered by ``turn`` and must be ended by ``end``. What a run holds is its ask
     only: the future its copies wait on is made by the first copy (rare), not by every run."""
@@ -77,24 +80,25 @@ class _SingleFlight:
     async def turn(self, ask: Ask) -> Fields | None:
         """Another run's fields for this very input (waited for), or None: ``ask``'s own run
         may start, and is registered."""
-        debate_id = ask.debate_id
-        while (running := self._running.get(debate_id)) is not None:
-            shared = self._waiting.get(debate_id)
+        key = ask.key
+        while (running := self._running.get(key)) is not None:
+            shared = self._waiting.get(key)
             if shared is None:
-                shared = self._waiting[debate_id] = asyncio.get_running_loop().create_future()
+                shared = self._waiting[key] = asyncio.get_running_loop().create_future()
             # shield: a copy cancelled while waiting must not cancel what the others wait for.
             fields = await asyncio.shield(shared)
             if fields is not None and running.fingerprint == ask.fingerprint:
                 return fields
             # That run ended without a result (crash, lost lease, shutdown), or it answered
             # another input (the store, if any, then refuses this one): go our own way.
-        self._running[debate_id] = ask
+        self._running[key] = ask
         return None
 
     def end(self, ask: Ask, fields: Fields | None) -> None:
         """``ask``'s run ended with ``fields`` (None: without a result); its copies get them."""
-        del self._running[ask.debate_id]
-        shared = self._waiting.pop(ask.debate_id, None)
+        key = ask.key
+        del self._running[key]
+        shared = self._waiting.pop(key, None)
         if shared is not None:
             shared.set_result(fields)
 
@@ -119,7 +123,12 @@ class DebateHandler:
     in leases. ``drift="strict"`` refuses to resume a checkpoint written by another definition of
     this debate; ``"loose"`` resumes it by round number. ``retention_s`` is how long this
     handler's checkpoints and results are kept (None: the store's ``retention_s``, 7 days unless
-    the store says otherwise; ``math.inf``: forever)."""
+    the store says otherwise; ``math.inf``: forever). ``input_field`` is the payload field that
+    holds the question (None: ``input``, or ``debateOutput`` on a result topic, where the handler
+    is a hop of a chain and its payloads are another debate's results).
+
+    A debate is kept in the store under its id within the event type it was asked on (called
+    directly: within the debate's name), so each hop of a chain owns its own debate."""
 
     def __init__(
         self,
@@ -134,6 +143,7 @@ class DebateHandler:
         presets: Iterable[str] = (),
         drift: Drift = "strict",
         retention_s: float | None = None,
+        input_field: str | None = None,
     ) -> None:
         if retention_s is not None:
             retention_ms(retention_s)  # ConfigError now, not at the first debate
@@ -142,6 +152,9 @@ class DebateHandler:
                               "checkpoints, or drop durable=False to use the store")
         if drift not in ("strict", "loose"):
             raise ConfigError(f"unknown drift {drift!r}: use 'strict' or 'loose'")
+        if input_field is not None and not (isinstance(input_field, str) and input_field):
+            raise ConfigError(f"input_field must name a payload field (e.g. 'debateOutput'), "
+                              f"got {input_field!r}")
         for name, value in (("lease_ttl_s", lease_ttl_s), ("store_outage_s", store_outage_s)):
             if not (value > 0 and math.isfinite(value)):  # also rejects NaN
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -155,6 +168,7 @@ class DebateHandler:
         self._owner = owner
         self._drift = drift
         self._retention_s = retention_s
+        self.input_field = input_field
         self.runner: DurableRunner | None = None
         self._flights = _SingleFlight()
         if store is not None:
@@ -188,9 +202,22 @@ class DebateHandler:
             )
         self.runner = self._runner(store)
 
-    def ask(self, payload: Mapping[str, Any], request_id: str | None) -> Ask:
-        """What ``payload`` asks, validated: InputError says what to fix."""
-        question = read_question(payload, self.max_input_bytes)
+    def ask(self, payload: Mapping[str, Any], request_id: str | None,
+            event_type: str | None = None) -> Ask:
+        """What ``payload`` asks, validated (InputError says what to fix), on ``event_type``
+        (None: called directly).
+
+        On a result topic (a hop of a chain) the payload is the previous hop's result: the
+        question is its ``input_field`` (``debateOutput`` unless given), and the request fields it
+        echoes (``debateId``, ``maxRounds``, ``preset``, ``depth``, ``replay``) are that hop's,
+        not this one's: this hop's debate id is the request id."""
+        namespace = event_type if event_type is not None else self.debate.name
+        if event_type is not None and is_result_topic(event_type):
+            question = read_question(payload, self.max_input_bytes,
+                                     self.input_field or "debateOutput")
+            return Ask.of(question, None, request_id or uuid.uuid4().hex, "requestId",
+                          request_id, namespace)
+        question = read_question(payload, self.max_input_bytes, self.input_field or "input")
         chosen = _read_preset(payload, self.presets)
         debate = self.presets[chosen] if chosen is not None else self.debate
         max_rounds = read_max_rounds(payload, debate.spec.max_rounds)
@@ -199,7 +226,7 @@ class DebateHandler:
         if read_replay(payload) == "rerun":
             debate_id = f"{debate_id}~rerun-{uuid.uuid4().hex[:8]}"
         id_field = "debateId" if named else "requestId"
-        return Ask.of(question, max_rounds, debate_id, id_field, request_id, chosen,
+        return Ask.of(question, max_rounds, debate_id, id_field, request_id, namespace, chosen,
                       read_depth(payload))
 
     async def __call__(
@@ -222,7 +249,7 @@ class DebateHandler:
 
     async def _answer(self, payload: Mapping[str, Any], request_id: str | None,
                       on_event: OnEvent | None, bus: HandlerContext | None) -> HandlerResult:
-        ask = self.ask(payload, request_id)
+        ask = self.ask(payload, request_id, bus.delivery.topic if bus is not None else None)
         shared = await self._flights.turn(ask)
         fields = shared
         if fields is None:  # this call runs it: copies arriving meanwhile wait for its fields
@@ -232,8 +259,8 @@ class DebateHandler:
                 self._flights.end(ask, fields)
         # A stored result says so itself (the durable runner marks it); a shared one is marked here.
         replayed = shared is not None or fields.get("debateReplayed") is True
-        merged = ({**payload, **fields, "debateReplayed": True} if shared is not None
-                  else {**payload, **fields})
+        merged = ({**echo(payload), **fields, "debateReplayed": True} if shared is not None
+                  else {**echo(payload), **fields})
         failed = fields.get("debateStatus") == "failed"
         return HandlerResult("failed" if failed else "completed", merged, replayed)
 

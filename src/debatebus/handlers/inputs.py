@@ -26,25 +26,29 @@ MAX_ROUNDS_LIMIT: Final = 1000
 MAX_DEPTH_LIMIT: Final = 100
 
 
-def read_question(payload: Any, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES) -> str:
+def read_question(payload: Any, max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+                  field: str = "input") -> str:
+    """The debate's question: ``payload[field]`` (``input``, or the field a chained handler
+    reads, such as ``debateOutput``)."""
     if not isinstance(payload, Mapping):
         raise InputError(
-            f"payload must be a JSON object like {{\"input\": \"<question>\"}}, got "
+            f"payload must be a JSON object like {{\"{field}\": \"<question>\"}}, got "
             f"{type(payload).__name__}"
         )
-    if "input" not in payload:
-        raise InputError('payload.input is missing: send {"payload": {"input": "<the debate question>"}}')
-    question = payload["input"]
+    if field not in payload:
+        raise InputError(f'payload.{field} is missing: send {{"payload": {{"{field}": '
+                         '"<the debate question>"}}')
+    question = payload[field]
     if not isinstance(question, str):
-        raise InputError("payload.input must be a string (the debate question), got "
+        raise InputError(f"payload.{field} must be a string (the debate question), got "
                          f"{type(question).__name__}")
     if not question.strip():
-        raise InputError("payload.input is empty: send the debate question as a non-empty string")
+        raise InputError(f"payload.{field} is empty: send the debate question as a non-empty string")
     size = len(question.encode())
     if size > max_input_bytes:
         raise InputError(
-            f"payload.input is {size} bytes, over the limit of {max_input_bytes}: shorten the question "
-            "or raise max_input_bytes on the handler"
+            f"payload.{field} is {size} bytes, over the limit of {max_input_bytes}: shorten the "
+            "question or raise max_input_bytes on the handler"
         )
     return question
 

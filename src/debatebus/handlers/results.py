@@ -6,6 +6,7 @@ Field names follow Synkro's ``asHandler`` where they overlap (``debateOutput``, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -18,6 +19,8 @@ from debatebus.schemas.usage import TokenUsage
 
 __all__ = [
     "RESULT_EXPIRED",
+    "RESULT_FIELDS",
+    "echo",
     "failure_fields",
     "result_fields",
     "to_builtins",
@@ -27,6 +30,23 @@ __all__ = [
 #: (absent otherwise): the request's debate id had been answered before, longer ago than the
 #: store's retention.
 RESULT_EXPIRED = "debateResultExpired"
+
+#: Every field debatebus writes into a result. A result echoes its request's payload without
+#: them (``echo``), so a producer cannot forge one (a planted ``debateTotalTokenUsage``), and a
+#: hop of a chain, whose payload is the previous hop's result, does not pass that hop's fields
+#: off as its own.
+RESULT_FIELDS: frozenset[str] = frozenset({
+    "debateId", "debateOutput", "debateSynthesis", "debateRounds", "debateStatus",
+    "debateTokenUsage", "debateTranscript", "debateVerdict", "debatePhiHat", "debateAgents",
+    "debateDurationMs", "debateSatisfied", "debateError", "debateReplayed", "debateRetryable",
+    "debateResumedFromRound", "debateSubDebates", "debateChildrenTokenUsage",
+    "debateTotalTokenUsage", RESULT_EXPIRED, "debatePayloadTruncated",
+})
+
+
+def echo(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """What a result echoes of its request's ``payload``: all but the fields debatebus writes."""
+    return {name: value for name, value in payload.items() if name not in RESULT_FIELDS}
 
 
 def _enc_hook(obj: Any) -> Any:
@@ -62,6 +82,17 @@ def _sub_debate_fields(result: DebateResult) -> dict[str, Any]:
     }
 
 
+def _run_fields(result: DebateResult) -> dict[str, Any]:
+    """How the run went beyond its status: resumed from a committed round (a re-run), and for a
+    failure, whether it may pass (``debateRetryable``: a resend or replay runs it again)."""
+    fields: dict[str, Any] = {}
+    if result.resumed_from_round:
+        fields["debateResumedFromRound"] = result.resumed_from_round
+    if result.status == "failed":
+        fields["debateRetryable"] = result.retryable
+    return fields
+
+
 def result_fields(result: DebateResult) -> dict[str, Any]:
     """The result fields of a debate that ran (``debateReplayed`` is false: a stored or shared
     result is marked where it is replayed); its error is redacted like ``failure_fields``'."""
@@ -81,12 +112,14 @@ def result_fields(result: DebateResult) -> dict[str, Any]:
         "debateSatisfied": result.satisfied,
         "debateError": redact(result.error) if result.error else result.error,
         "debateReplayed": False,
+        **_run_fields(result),
         **_sub_debate_fields(result),
     }
 
 
 def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
-    """The result fields of a request that failed before any debate ran (bad input, drift…).
+    """The result fields of a request that failed before any debate ran (bad input, drift…): a
+    final failure, which the same request would meet again (``debateRetryable`` false).
 
     ``error`` is redacted here as a safety net: providers already mask the secrets in their errors,
     but this text is published, stored and shown to whoever reads the results."""
@@ -99,4 +132,5 @@ def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
         "debateTokenUsage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0},
         "debateError": redact(error),
         "debateReplayed": False,
+        "debateRetryable": False,
     }

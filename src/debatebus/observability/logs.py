@@ -255,10 +255,19 @@ class LoggingObserver(Observer):
             return ": released unsettled, to be handed out again"
         if result is None:
             return ""
+        if outcome == "replayed":
+            parts = ": answered from the store or a run in flight, no model call"
+            if result.get("debateStatus") == "failed":
+                parts += f", a failed debate: {_snippet(str(result.get('debateError')))}"
+            return parts
         usage = result.get("debateTokenUsage") or {}
         parts = f": {result.get('debateRounds', 0)} rounds, {usage.get('totalTokens', 0)} tokens"
+        if result.get("debateResumedFromRound"):
+            parts += f", resumed after round {result['debateResumedFromRound']}"
         if result.get("debateError"):
             parts += f", error: {_snippet(str(result['debateError']))}"
+        if result.get("debateRetryable"):
+            parts += " (may pass: not stored, a resend or replay runs it again)"
         if self.log_transcripts and result.get("debateOutput"):
             parts += f", output: {result['debateOutput']}"
         return parts

@@ -154,10 +154,6 @@ class PrometheusObserver(Observer):
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
                          result: HandlerResult | None, duration_s: float) -> None:
         self.in_flight.labels(ctx.event_type).dec()
-        if result is not None and result.replayed:
-            # The worker calls a replayed *failure* "failed"; counting it again would make one
-            # failed debate look like many.
-            outcome = "replayed"
         counter = self._by_outcome.get(outcome)
         if counter is not None:
             counter.labels(ctx.event_type).inc()

@@ -129,6 +129,8 @@ class DebateFailed(_Event, tag="debate_failed", kw_only=True):
     error: str
     token_usage: TokenUsage = ZERO_USAGE
     duration_ms: float = 0.0
+    #: The failure may pass (a provider error, a timeout): a resend or replay runs it again.
+    retryable: bool = False
 
 
 class _SubDebateEvent(_Event, kw_only=True):
