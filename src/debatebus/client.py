@@ -96,18 +96,22 @@ class Answers:
         self._transport = transport
         self._listeners: dict[str, _Listener] = {}
 
-    async def expect(self, event_type: str, request_id: str) -> asyncio.Future[Envelope]:
+    async def expect(self, event_type: str, request_id: str, *,
+                     caused_by: str | None = None) -> asyncio.Future[Envelope]:
         """The future of ``request_id``'s result, once its event type's results are followed
-        (publish the request after this returns); ``forget`` it when done waiting."""
+        (publish the request after this returns); ``forget`` it when done waiting.
+        ``caused_by``: only a result whose ``causationId`` is this ``messageId`` (the request
+        message published) answers; any other result under the same request id is passed over."""
         listener = self._listeners.get(event_type)
         if listener is None or listener.closed:
             listener = self._listeners[event_type] = _Listener(self._transport, event_type)
-        return await listener.expect(request_id)
+        return await listener.expect(request_id, caused_by)
 
     def forget(self, event_type: str, request_id: str) -> None:
         listener = self._listeners.get(event_type)
         if listener is not None:
             listener.waiting.pop(request_id, None)
+            listener.causes.pop(request_id, None)
 
     async def close(self) -> None:
         listeners, self._listeners = self._listeners, {}
@@ -124,13 +128,18 @@ class _Listener:
     def __init__(self, transport: Transport, event_type: str) -> None:
         self.topics = _result_topics(event_type)
         self.waiting: dict[str, asyncio.Future[Envelope]] = {}
+        #: The messageId a waiter's result must be caused by, for the waiters that ask so.
+        self.causes: dict[str, str] = {}
         self.closed = False
         self._subscribed = asyncio.ensure_future(transport.subscribe(self.topics))
         self._task: asyncio.Task[None] | None = None
 
-    async def expect(self, rid: str) -> asyncio.Future[Envelope]:
-        """The future of ``rid``'s result, once the subscription listens."""
+    async def expect(self, rid: str, caused_by: str | None = None) -> asyncio.Future[Envelope]:
+        """The future of ``rid``'s result (caused by ``caused_by``, when given), once the
+        subscription listens."""
         future = self.waiting[rid] = asyncio.get_running_loop().create_future()
+        if caused_by is not None:
+            self.causes[rid] = caused_by
         try:
             subscription = await asyncio.shield(self._subscribed)
         except TransportError:
@@ -158,8 +167,10 @@ class _Listener:
                 envelope = _decode(delivery)
                 if envelope is None:
                     continue
-                future = self.waiting.get(envelope.request_id)
-                if future is not None and not future.done():
+                rid = envelope.request_id
+                future = self.waiting.get(rid)
+                if future is not None and not future.done() and (
+                        rid not in self.causes or envelope.causation_id == self.causes[rid]):
                     future.set_result(envelope)
         except TransportError as exc:
             error = exc
@@ -175,13 +186,16 @@ def _result_topics(event_type: str) -> list[str]:
 
 def request_message(event_type: str, payload: Mapping[str, Any], *, request_id: str | None = None,
                     correlation_id: str | None = None, causation_id: str | None = None,
-                    headers: Mapping[str, str] | None = None) -> Outgoing:
+                    headers: Mapping[str, str] | None = None,
+                    message_id: str | None = None) -> Outgoing:
     """A request envelope with a fresh ``messageId``, ready to publish, carrying the current trace
     context when there is one. A service that publishes because of a message (a hop of a chain)
-    passes that message's ``messageId`` as ``causation_id`` and its ``correlationId`` on."""
+    passes that message's ``messageId`` as ``causation_id`` and its ``correlationId`` on.
+    ``message_id``: the message's own id, when the caller must know it first (else a fresh one)."""
     rid = request_id or uuid.uuid4().hex
     body = ENVELOPE_ENCODER.encode(Envelope(
-        request_id=rid, payload=dict(payload), message_id=new_message_id(), type=event_type,
+        request_id=rid, payload=dict(payload), message_id=message_id or new_message_id(),
+        type=event_type,
         correlation_id=correlation_id, causation_id=causation_id, timestamp=now_iso(),
         headers=inject_traceparent(headers)))
     return Outgoing(event_type, body, key=rid)

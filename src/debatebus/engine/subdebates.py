@@ -118,6 +118,9 @@ class SubDebateRecord(msgspec.Struct, kw_only=True):
     synthesis: str | None = None
     usage: TokenUsage = ZERO_USAGE
     error: str | None = None
+    #: The ``messageId`` of the child's request, where a bus published it (committed before it is
+    #: published): only a result caused by that very message answers the child.
+    message_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

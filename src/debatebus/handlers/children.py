@@ -8,7 +8,9 @@ out (``HandlerContext.waiting``), for ``event:<type>:completed|failed`` of that 
 durable parent commits the child's record in its checkpoint before publishing (``commit``), so a
 resumed parent waits for the same child instead of publishing a second one; and a child whose
 result is already in the store (same store, kept under ``debate_key(event type, child id)``) is
-not waited for at all.
+not waited for at all. The record carries the ``messageId`` of the child's request, and only a
+result caused by that message (its ``causationId``) answers the child: a result another producer
+planted under the child's predictable id is passed over. The store stays the source of truth.
 Domains mapped to a panel or a ``Debate`` run in this process (``local``).
 """
 
@@ -23,6 +25,7 @@ from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import Answers, request_message
 from debatebus.engine.subdebates import ChildOutcome, ChildRequest, ChildRunner, SubDebateRecord
 from debatebus.handlers.checkpointing import debate_key, decode_result
+from debatebus.schemas.envelope import new_message_id
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 from debatebus.transports.base import Transport
 
@@ -81,16 +84,23 @@ class BusChildren:
         stored = await self._stored(event_type, request.child_id)
         if stored is not None:
             return stored
-        # Listening before publishing, on the worker's one subscription to the event type.
-        answer = await self.answers.expect(event_type, request.child_id)
+        record = next(r for r in request.parent_progress.sub_debates
+                      if r.child_id == request.child_id)
+        if record.message_id is None and record.status == "running":
+            record.message_id = new_message_id()  # committed with the record, then published
+        # Listening before publishing, on the worker's one subscription to the event type, for
+        # the result of the very message published: a result planted under the child's id by
+        # anyone else is passed over. (A record from before message ids takes any.)
+        answer = await self.answers.expect(event_type, request.child_id,
+                                           caused_by=record.message_id)
         try:
             stored = await self._stored(event_type, request.child_id)  # finished meanwhile
             if stored is not None:
                 return stored
-            if await self._committed_now(request):
+            if await self._committed_now(record, request):
                 await self.transport.publish(request_message(
                     event_type, child_payload(request), request_id=request.child_id,
-                    correlation_id=request.parent_id))
+                    correlation_id=request.parent_id, message_id=record.message_id))
             async with self.waiting():
                 return outcome_of((await answer).payload)
         finally:
@@ -102,11 +112,9 @@ class BusChildren:
         data = await self.store.get_result(debate_key(event_type, child_id))
         return None if data is None else outcome_of(decode_result(data).fields)
 
-    async def _committed_now(self, request: ChildRequest) -> bool:
-        """Commit the child's record before its request is published; False when an earlier run
-        of the parent committed (and so published) it."""
+    async def _committed_now(self, record: SubDebateRecord, request: ChildRequest) -> bool:
+        """Commit the child's ``record`` before its request is published; False when an earlier
+        run of the parent committed (and so published) it."""
         if self.commit is None:
             return True
-        record = next(r for r in request.parent_progress.sub_debates
-                      if r.child_id == request.child_id)
         return await self.commit(record, request.parent_progress)
