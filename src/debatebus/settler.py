@@ -1,12 +1,18 @@
-"""Settling one delivery: decode it, call its handler, publish the result and ack, all exactly once.
+"""Settling one delivery: decode it, call its handler, publish the result and ack.
 
-Every delivery ends settled exactly one way: acked with its result (``event:{type}:completed`` /
+Every delivery ends settled one way: acked with its result (``event:{type}:completed`` /
 ``…:failed``), or dead-lettered with a reason when not even a request id can be read. A settle
 the broker refuses is retried until it lands; only a lost lease, a shutdown that outlasts the
 drain timeout, or a broker error inside the handler leave a delivery unsettled: it is released
 (``Transport.release``), so the broker hands it out again — on Redis Streams to any consumer once
 ``claim_idle_ms`` has passed, on Kafka from this same consumer at once. Keeping held deliveries
 alive meanwhile is the transport's job. The worker (``debatebus.worker``) owns the lifecycle.
+
+How often a result can reach the broker is the transport's promise (docs/durability.md): once on
+Redis Streams and memory, whose ack-with-results is one atomic, repeatable step; on Kafka a
+produce retried after its acknowledgement timed out, and on pub/sub a retried ack, can publish it
+twice. Every copy of the answer to one request message carries the same ``messageId``
+(``answer_message_id``), so consumers drop copies by it.
 
 Where the transport's peers have rules of their own (``Transport.dialect``; Redis pub/sub speaks
 Synkro's), the dialect decides whether a request is this worker's to answer at all (a copy
@@ -34,6 +40,7 @@ from debatebus.handlers.results import echo, failure_fields
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas.envelope import (
     Envelope,
+    answer_message_id,
     completed_topic,
     decode_request,
     failed_topic,
@@ -222,9 +229,10 @@ class Settler:
 
     async def _retrying(self, delivery: Delivery, what: str,
                         settle: Callable[[], Awaitable[None]]) -> None:
-        """``settle`` until the broker takes it (every transport makes a repeated settle a
-        no-op), with backoff; the delivery stays in flight (and the transport keeps it alive). Only the
-        drain timeout ends the retries (cancelled: ``process`` releases the delivery).
+        """``settle`` until the broker takes it, with backoff (a repeat publishes nothing new on
+        Redis Streams; elsewhere a copy with the same ``messageId``: see the module docstring);
+        the delivery stays in flight (and the transport keeps it alive). Only the drain timeout
+        ends the retries (cancelled: ``process`` releases the delivery).
         ``MessageTooLargeError`` is raised: retrying cannot help it."""
         backoff, failures = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S), 0
         try:
@@ -295,7 +303,10 @@ def result_message(request: Envelope, event_type: str, result: HandlerResult,
     body = dialect.result_body(request_body, Envelope(
         request_id=request.request_id,
         payload=result.fields,
-        message_id=new_message_id(),
+        # The same for every copy of this answer to this request message (a retried settle, a
+        # redelivery after a lost acknowledgement, a replay): consumers drop copies by messageId.
+        message_id=(answer_message_id(request.message_id, topic) if request.message_id
+                    else new_message_id()),
         type=topic,
         correlation_id=request.correlation_id or request.request_id,
         causation_id=request.message_id or request.request_id,  # an older producer's: no id

@@ -4,6 +4,7 @@ answers, ``correlationId`` is carried along a chain unchanged. And ``debatebus p
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import subprocess
 import sys
@@ -190,3 +191,31 @@ def test_a_header_without_equals_is_refused() -> None:
               "--broker", "memory://")
     assert out.returncode == 2
     assert "expected K=V" in out.stderr
+
+
+async def test_every_copy_of_an_answer_to_one_request_message_has_one_message_id(url: str) -> None:
+    """A result sent again for the same request message (a redelivery after a lost
+    acknowledgement, a Kafka produce retried after a timeout, a replay) keeps its messageId, so a
+    consumer drops the copy; another message with the same requestId is another request."""
+    event_type = f"debate:copies{uuid.uuid4().hex[:6]}"
+    request = request_message(event_type, {"input": "Monolith or not?"}, request_id="rq-1")
+    again = request_message(event_type, {"input": "Monolith or not?"}, request_id="rq-1")
+    app, client = _buses(url)
+    app.subscribe(event_type, make_debate().as_handler(durable=False))  # each copy runs anew
+    results: list[Envelope] = []
+    async with running(app), client:
+        deliveries = await client.transport.subscribe([completed_topic(event_type)])
+        for message in (request, request, again):
+            await client.transport.publish(message)
+        async with asyncio.timeout(60):
+            async for delivery in deliveries:
+                results.append(ENVELOPE_DECODER.decode(delivery.body))
+                if len(results) == 3:
+                    break
+        await deliveries.aclose()  # type: ignore[attr-defined]
+    by_cause: dict[str | None, list[str | None]] = collections.defaultdict(list)
+    for result in results:
+        by_cause[result.causation_id].append(result.message_id)
+    first, second = (ENVELOPE_DECODER.decode(m.body).message_id for m in (request, again))
+    assert len(by_cause[first]) == 2 and len(set(by_cause[first])) == 1
+    assert by_cause[second] != by_cause[first] and len(by_cause[second]) == 1

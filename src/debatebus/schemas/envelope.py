@@ -6,6 +6,7 @@ fields they don't know (msgspec does by default), so old workers read new produc
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -20,6 +21,7 @@ __all__ = [
     "ENVELOPE_ENCODER",
     "SCHEMA_VERSION",
     "Envelope",
+    "answer_message_id",
     "completed_topic",
     "decode_request",
     "failed_topic",
@@ -71,6 +73,14 @@ def is_result_topic(topic: str) -> bool:
     """Whether ``topic`` carries results (``event:<type>:completed`` or ``…:failed``): a handler
     subscribed to one is a hop of a chain, and its payloads are another debate's results."""
     return topic.startswith("event:") and topic.endswith((":completed", ":failed"))
+
+
+def answer_message_id(request_message_id: str, topic: str) -> str:
+    """The ``messageId`` of the message on ``topic`` answering the request message
+    ``request_message_id``: the same every time it is sent again (a retried settle, a redelivery
+    after a lost acknowledgement, a replay), so a consumer drops the copies by ``messageId``.
+    Formatted like ``new_message_id``'s (32 hex digits); a hash, not a random UUID."""
+    return hashlib.blake2b(f"{request_message_id}\x00{topic}".encode(), digest_size=16).hexdigest()
 
 
 def new_message_id() -> str:

@@ -1,9 +1,12 @@
 """The one transport interface. The worker sees only this; each broker is a small implementation.
 
 Delivery model (the Redis Streams model, which every transport emulates as far as its broker can):
-``consume`` yields messages for a consumer group; each message is settled exactly once with
+``consume`` yields messages for a consumer group; each message is settled one way with
 ``ack`` (optionally publishing results *atomically with* the ack where the broker allows it) or
-``reject`` (back to the group for redelivery, or to the dead-letter topic ``{topic}:dlq``).
+``reject`` (back to the group for redelivery, or to the dead-letter topic ``{topic}:dlq``). A
+settle may be repeated (the settler retries one that failed): on Redis Streams and memory a
+repeat publishes nothing new; on Kafka and pub/sub it may publish the results again, with the
+same bytes (and so the same ``messageId``).
 A message that is never settled — its consumer died — is redelivered to another consumer. While a
 consumer lives, its transport keeps what it holds from being taken over (Redis Streams: its own
 keep-alive; Kafka: the group heartbeat), until the delivery is settled or ``release``d.

@@ -32,7 +32,8 @@ class Wire(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Host:
-    """One mounted handler: ``serve`` answers a delivery exactly once, or dead-letters it. An
+    """One mounted handler: ``serve`` answers a delivery once (the framework's redelivery may
+    answer it again: the copy has the same ``messageId``), or dead-letters it. An
     exception other than ``InputError`` (a handler bug, a broker error) is raised for the
     framework to redeliver the request."""
 
