@@ -213,7 +213,7 @@ async def test_a_dead_letter_goes_back_to_its_origin_and_is_answered(
         results = await client.results(event_type)
         await client.transport.publish(dataclasses.replace(request, headers={"x-tenant": "t1"}))
         async with asyncio.timeout(30):  # handed out again once, then dead-lettered
-            while not redis_server.client().xlen(dlq):
+            while not redis_server.client().xlen(dlq):  # noqa: ASYNC110 - polling Redis
                 await asyncio.sleep(0.05)
         (letter,) = [d async for d in client.transport.read_range(dlq)]
         assert letter.headers[ORIGIN_HEADER] == event_type and REASON_HEADER in letter.headers

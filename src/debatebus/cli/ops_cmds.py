@@ -65,7 +65,7 @@ Action = Literal["run", "from-store", "unknown", "skip-finished", "skip-complete
 Stored = Literal["completed", "failed", "failed-final"]
 _PUBLISHED: tuple[Action, ...] = ("run", "from-store", "unknown")
 #: A failed result (``event:<type>:failed``) or a dead letter (``<type>:dlq``).
-FailureKind = Literal["failed", "dead letter"]
+FailureKind = Literal["failed", "dead-letter"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,9 +434,10 @@ class Failure:
     id: str  #: its position on its topic
 
     def line(self) -> str:
+        """``<time>  <kind>  <requestId>  <reason>``: two spaces apart, one line."""
         when = "-" if self.time is None else self.time.isoformat(timespec="milliseconds")
         reason = " ".join(self.reason.split())  # one line, whatever the error said
-        return f"{when.replace('+00:00', 'Z')}  {self.kind:<11}  {self.request_id or '-'}  {reason}"
+        return f"{when.replace('+00:00', 'Z')}  {self.kind}  {self.request_id or '-'}  {reason}"
 
 
 def _failure(delivery: Delivery, kind: FailureKind) -> Failure:
@@ -461,7 +462,7 @@ async def list_failures(transport: Transport, event_type: str, *, since: datetim
     first, last = _range(transport, since, None)
     found: list[Failure] = []
     sources: tuple[tuple[str, FailureKind], ...] = (
-        (failed_topic(event_type), "failed"), (dlq_topic(event_type), "dead letter"))
+        (failed_topic(event_type), "failed"), (dlq_topic(event_type), "dead-letter"))
     for topic, kind in sources:
         newest: deque[Failure] = deque(maxlen=limit)
         async for delivery in transport.read_range(topic, first, last):

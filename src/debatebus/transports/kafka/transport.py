@@ -376,9 +376,9 @@ class KafkaTransport(Transport):
         name = kafka_topic(topic)
         if not await self._topics.exists(name):
             return
+        tps = _chosen(name, await self._partitions_of(name), partitions)
         reader = await self._reader()
         try:
-            tps = _chosen(name, await self._partitions_of(name), partitions)
             reader.assign(tps)
             spans = await bounds(reader, tps, start, end, servers=self.settings.servers,
                                  timeout=self.settings.request_timeout)
