@@ -134,11 +134,11 @@ class ReplaySummary:
 
     @property
     def resumable(self) -> int | None:
-        """Runs with a committed checkpoint to resume from; None unless looked up (dry run)."""
-        runs = [e for e in self.entries if e.action == "run" and not e.fresh]
-        if any(e.resumes is None for e in runs):
+        """Runs with a committed checkpoint to resume from; None unless looked up (a dry run
+        with the store)."""
+        if not (self.dry_run and self.store_consulted):
             return None
-        return sum(1 for e in runs if e.resumes)
+        return sum(1 for e in self.entries if e.action == "run" and e.resumes)
 
     def line(self) -> str:
         if not self.entries:
@@ -224,10 +224,12 @@ def parse_position(value: str | None) -> Position:
     try:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise ConfigError(
-            f"cannot read position {value!r}: give a stream id (1700000000000-0), an offset (42) "
-            "or an ISO time (2026-11-30T07:00:00Z)"
-        ) from None
+        raise _unreadable(value) from None
+
+
+def _unreadable(value: str) -> ConfigError:
+    return ConfigError(f"cannot read position {value!r}: give a stream id (1700000000000-0), an "
+                       "offset (42) or an ISO time (2026-11-30T07:00:00Z)")
 
 
 def parse_since(value: str, now: datetime | None = None) -> datetime:
@@ -260,11 +262,16 @@ def _order_key(position: Position) -> tuple[str, Any] | None:
         return "time", position.astimezone()  # a naive time is local, as the brokers read it
     if isinstance(position, int):
         return "offset", position
+    if not _STREAM_ID.match(position):
+        raise _unreadable(position)
     ms, _, seq = position.partition("-")
     return "id", (int(ms), int(seq or 0))
 
 
 def _for(transport: Transport, position: Position, open_end: str) -> Any:
+    """``position`` as ``transport.read_range`` takes it. A time or a number becomes a bare
+    millisecond on a stream, which XRANGE reads as that millisecond's first entry when it starts
+    a range and its last when it ends one."""
     if transport.position_kind == "offset":  # Kafka: offsets or times
         if isinstance(position, str):
             raise ConfigError(f"{position!r} is a Redis stream id: on Kafka give an offset (42, "
@@ -272,7 +279,7 @@ def _for(transport: Transport, position: Position, open_end: str) -> Any:
         return position
     if position is None:
         return open_end
-    if isinstance(position, datetime):  # a bare time: from its first entry, to its last
+    if isinstance(position, datetime):
         return str(int(position.timestamp() * 1000))
     return str(position)
 

@@ -126,7 +126,7 @@ class Delivery:
     key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     token: Any = field(default=None, repr=False, compare=False)
-    timestamp_ms: int | None = None
+    timestamp_ms: int | None = field(default=None, kw_only=True)
 
 
 class Transport(abc.ABC):
