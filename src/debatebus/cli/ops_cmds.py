@@ -17,7 +17,7 @@ import dataclasses
 import re
 import sys
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -316,11 +316,11 @@ def _stored_state(result: bytes) -> Stored:
     return "failed-final" if fields.get("debateRetryable") is False else "failed"
 
 
-async def _chunked(calls: Sequence[Coroutine[Any, Any, _T]]) -> list[_T]:
-    """Every call's answer, in order, at most ``_STORE_CALLS`` in flight."""
+async def _each(call: Callable[[str], Awaitable[_T]], keys: Sequence[str]) -> list[_T]:
+    """``call`` of every key, answers in order, at most ``_STORE_CALLS`` in flight."""
     answers: list[_T] = []
-    for at in range(0, len(calls), _STORE_CALLS):
-        answers += await asyncio.gather(*calls[at:at + _STORE_CALLS])
+    for at in range(0, len(keys), _STORE_CALLS):
+        answers += await asyncio.gather(*(call(key) for key in keys[at:at + _STORE_CALLS]))
     return answers
 
 
@@ -329,7 +329,7 @@ async def _stored_results(store: CheckpointStore, keys: list[str]) -> dict[str, 
     if not keys:
         return {}
     have = [key for key, found in zip(keys, await store.has_results(keys), strict=True) if found]
-    results = await _chunked([store.get_result(key) for key in have])
+    results = await _each(store.get_result, have)
     return {key: _stored_state(result) for key, result in zip(have, results, strict=True)
             if result is not None}  # expired in between: none stored
 
@@ -376,7 +376,7 @@ async def _with_checkpoints(store: CheckpointStore,
     """``entries`` with ``resumes`` looked up for the runs that are not fresh."""
     todo = [(i, e.key) for i, e in enumerate(entries)
             if e.action == "run" and not e.fresh and e.key is not None]
-    found = await _chunked([store.load(key) for _, key in todo])
+    found = await _each(store.load, [key for _, key in todo])
     updated = list(entries)
     for (i, _), checkpoint in zip(todo, found, strict=True):
         updated[i] = dataclasses.replace(
