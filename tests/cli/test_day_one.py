@@ -19,6 +19,7 @@ from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.cli import main
 from debatebus.cli.observe_cmds import check
 from debatebus.cli.ops_cmds import replay_range
+from debatebus.handlers.checkpointing import debate_key
 from debatebus.schemas.envelope import ENVELOPE_ENCODER, Envelope, decode_request
 from debatebus.transports import MemoryTransport, Outgoing
 from debatebus.transports.memory import MemoryBroker
@@ -30,17 +31,20 @@ def _request(request_id: str, **payload: str) -> bytes:
 
 async def test_replay_summary_counts_reruns_apart_from_stored_results() -> None:
     store = MemoryCheckpointStore()
-    await store.put_result("done", b"{}")
-    await store.put_result("again", b"{}")  # stored, but the request asks to run it afresh
+    await store.put_result(debate_key("debate:request", "done"), b"{}")
+    # Stored, but the request asks to run it afresh.
+    await store.put_result(debate_key("debate:request", "again"), b"{}")
     async with MemoryTransport(MemoryBroker()) as transport:
         for body in (_request("done"), _request("again", replay="rerun"), _request("new"),
                      b"not json"):
             await transport.publish(Outgoing("debate:request", body))
         summary = await replay_range(transport, "debate:request", store=store)
-    assert (summary.read, summary.republished, summary.already_finished, summary.reruns,
-            summary.unreadable) == (4, 3, 1, 1, 1)
-    assert ("re-published 3, of which 1 already had results (answered from the store at no LLM "
-            'cost) and 1 ask for a rerun ("replay": "rerun", run again in full)') in summary.line()
+    assert (summary.read, summary.republished, summary.count("skip-finished"), summary.fresh,
+            summary.count("unreadable")) == (4, 2, 1, 1, 1)
+    assert summary.line() == (
+        "read 4: re-published 2, of which 0 answered from the store at no LLM cost and 2 run; "
+        '1 run afresh ("replay": "rerun"); skipped 1 finished (a stored completed result or '
+        "final failure; --reemit re-publishes them), 1 unreadable")
 
 
 def _script(tmp_path: Path, entries: int) -> str:

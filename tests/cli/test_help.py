@@ -31,8 +31,8 @@ def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_every_command_is_walked() -> None:
-    assert {"worker", "publish", "tail", "demo", "run", "replay", "check", "asyncapi",
-            "web"} <= set(_commands())
+    assert {"worker", "publish", "tail", "demo", "run", "replay", "failures", "check",
+            "asyncapi", "web"} <= set(_commands())
 
 
 def _entries(help_text: str) -> dict[str, str]:

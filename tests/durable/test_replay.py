@@ -42,7 +42,7 @@ async def _answered(client: BusClient, event_type: str, n: int) -> list[Any]:
 
 
 @pytest.mark.parametrize("url_kind", ["memory", "redis_streams"])
-async def test_replaying_a_topic_costs_no_llm_call_for_finished_debates(
+async def test_reemitting_a_topic_costs_no_llm_call_for_finished_debates(
         url_kind: str, request: pytest.FixtureRequest) -> None:
     url = "memory://" if url_kind == "memory" else request.getfixturevalue("redis_server").url
     event_type = f"debate:replay{uuid.uuid4().hex[:6]}"
@@ -59,12 +59,28 @@ async def test_replaying_a_topic_costs_no_llm_call_for_finished_debates(
         paid = len(calls)
         listener = asyncio.create_task(_answered(client, event_type, 5))
         await asyncio.sleep(0.1)
-        summary = await replay_range(client.transport, event_type, store=store)
+        summary = await replay_range(client.transport, event_type, reemit=True)
         second = await listener
     assert {e.request_id for e in first} == {e.request_id for e in second} == {f"r{i}" for i in range(5)}
     assert all(e.payload["debateReplayed"] for e in second)
     assert len(calls) == paid, "a replayed finished debate must not call the model"
-    assert (summary.read, summary.republished, summary.already_finished) == (5, 5, 5)
+    assert (summary.read, summary.republished) == (5, 5)
+
+
+async def test_a_replay_skips_what_workers_finished(redis_server: Any) -> None:
+    event_type = f"debate:replay{uuid.uuid4().hex[:6]}"
+    llm, _ = counting_llm()
+    store = store_from_url(redis_server.url)
+    app = DebateBus(redis_server.url)
+    app.subscribe(event_type, make_debate(llm).as_handler(store=store))
+    async with running(app), BusClient(redis_server.url) as client, store:
+        listener = asyncio.create_task(_answered(client, event_type, 3))
+        await asyncio.sleep(0.1)
+        for i in range(3):
+            await client.publish(event_type, {"input": f"t{i}"}, request_id=f"r{i}")
+        await listener
+        summary = await replay_range(client.transport, event_type, store=store, dry_run=True)
+    assert [e.action for e in summary.entries] == ["skip-finished"] * 3
 
 
 def test_positions_are_parsed_for_each_broker() -> None:
@@ -88,4 +104,5 @@ async def test_replay_cli_prints_a_summary(redis_server: Any) -> None:
         sys.executable, "-m", "debatebus", "replay", event_type, "--broker", redis_server.url],
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "read 2, re-published 2, of which 1 already had results" in out.stdout
+    assert out.stdout.startswith("read 2: re-published 1, of which 0 answered from the store at "
+                                 "no LLM cost and 1 run; skipped 1 finished")

@@ -6,6 +6,7 @@ import math
 from dataclasses import fields
 
 from debatebus.checkpoints.base import Counters
+from debatebus.durations import duration_s
 from debatebus.exceptions import ConfigError
 
 __all__ = ["COUNTERS_SIZE", "PURGE_EVERY_S", "Sweeps", "lease_ttl_ms", "marker_ms", "not_begun",
@@ -28,21 +29,13 @@ def marker_ms(keep_ms: int | None) -> int | None:
     return None if keep_ms is None else 2 * keep_ms
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_retention(text: str) -> float:
     """A retention from a store URL's ``retention=`` query parameter: seconds (``3600``), a
     number and a unit (``90s``, ``30m``, ``12h``, ``7d``), or ``never`` (``math.inf``)."""
-    value = text.strip().lower()
-    if value == "never":
+    if text.strip().lower() == "never":
         return math.inf
-    scale = _UNITS.get(value[-1:], 0)
-    try:
-        seconds = float(value[:-1] if scale else value) * (scale or 1)
-    except ValueError:
-        seconds = math.nan
-    if not (seconds > 0 and math.isfinite(seconds)):
+    seconds = duration_s(text)
+    if seconds is None:
         raise ConfigError(f"retention={text!r} in a store URL: use seconds or a number with a unit "
                           "(90s, 30m, 12h, 7d), or never")
     return seconds

@@ -12,8 +12,8 @@ consumer lives, its transport keeps what it holds from being taken over (Redis S
 keep-alive; Kafka: the group heartbeat), until the delivery is settled or ``release``d.
 
 Optional capabilities are methods of the interface too, so callers never probe for them:
-``read_range`` (ops replay; raises ``NotSupportedError`` where the broker keeps no history, with
-``position_kind`` saying how positions are written) and ``write_heartbeat`` (where
+``read_range`` (ops replay and failure listings; raises ``NotSupportedError`` where the broker keeps no
+history, with ``position_kind`` saying how positions are written) and ``write_heartbeat`` (where
 ``debatebus check`` finds a worker's heartbeat).
 """
 
@@ -25,26 +25,46 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Final, Literal, Self
 
-from debatebus.exceptions import NotSupportedError
+from debatebus.exceptions import ConfigError, NotSupportedError
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
 __all__ = [
+    "DEAD_LETTER_HEADERS",
+    "DELIVERIES_HEADER",
     "HEARTBEAT_STREAM_MAXLEN",
     "HEARTBEAT_TOPIC",
     "ORIGIN_HEADER",
+    "ORIGIN_ID_HEADER",
+    "ORIGIN_OFFSET_HEADER",
+    "ORIGIN_PARTITION_HEADER",
     "REASON_HEADER",
     "Delivery",
     "Outgoing",
     "PositionKind",
     "Transport",
+    "dead_letter_origin",
     "dlq_topic",
     "heartbeat_key",
+    "refuse_partitions",
+    "request_headers",
 ]
 
 #: A dead letter's header (Redis Streams: its ``reason`` field) saying why it was dead-lettered.
 REASON_HEADER: Final = "x-debatebus-reason"
 #: A dead letter's header (Redis Streams: its ``origin`` field) naming the topic it came from.
 ORIGIN_HEADER: Final = "x-debatebus-origin"
+#: Where in its origin a dead letter was: the entry id (Redis Streams: its ``originId`` field)...
+ORIGIN_ID_HEADER: Final = "x-debatebus-origin-id"
+#: ...or the partition and offset (Kafka).
+ORIGIN_PARTITION_HEADER: Final = "x-debatebus-origin-partition"
+ORIGIN_OFFSET_HEADER: Final = "x-debatebus-origin-offset"
+#: How many times a dead letter had been delivered (Redis Streams: its ``deliveries`` field).
+#: Never trusted as a count: Kafka drops it from consumed records.
+DELIVERIES_HEADER: Final = "x-debatebus-deliveries"
+#: Every header dead-lettering adds to a message; ``request_headers`` takes them off again.
+DEAD_LETTER_HEADERS: Final = frozenset({REASON_HEADER, ORIGIN_HEADER, ORIGIN_ID_HEADER,
+                                        ORIGIN_PARTITION_HEADER, ORIGIN_OFFSET_HEADER,
+                                        DELIVERIES_HEADER})
 #: Where workers' heartbeats go (a stream or topic; Redis pub/sub: ``heartbeat_key`` instead).
 HEARTBEAT_TOPIC: Final = "debatebus:heartbeat"
 #: About how many heartbeats the Redis stream keeps (approximate trimming).
@@ -56,6 +76,24 @@ PositionKind = Literal["entry-id", "offset"]
 
 def dlq_topic(topic: str) -> str:
     return f"{topic}:dlq"
+
+
+def dead_letter_origin(delivery: Delivery) -> str | None:
+    """The topic a dead letter came from (its ``ORIGIN_HEADER``); None for any other message."""
+    return delivery.headers.get(ORIGIN_HEADER) or None
+
+
+def request_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """A dead letter's headers without those dead-lettering added: the request's own, to publish
+    it again."""
+    return {name: value for name, value in headers.items() if name not in DEAD_LETTER_HEADERS}
+
+
+def refuse_partitions(transport: Transport, partitions: Sequence[int] | None) -> None:
+    """``read_range`` on a broker without partitions: ``ConfigError`` when some were chosen."""
+    if partitions is not None:
+        raise ConfigError(f"{type(transport).__name__} has no partitions to choose from: "
+                          "partitions are Kafka's")
 
 
 def heartbeat_key(group: str) -> str:
@@ -79,7 +117,9 @@ class Delivery:
 
     ``id`` is the broker's position (stream entry id, ``partition:offset``…); ``deliveries`` counts
     how many times the message has been handed out (1 the first time) where the broker tracks it.
-    ``token`` is private to the transport that produced the delivery.
+    ``token`` is private to the transport that produced the delivery. ``timestamp_ms``: when the
+    broker took the message (ms since the epoch), on deliveries of ``read_range`` where the broker
+    keeps it (Redis Streams, Kafka); None elsewhere.
     """
 
     topic: str
@@ -89,6 +129,7 @@ class Delivery:
     key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     token: Any = field(default=None, repr=False, compare=False)
+    timestamp_ms: int | None = field(default=None, kw_only=True)
 
 
 class Transport(abc.ABC):
@@ -154,13 +195,16 @@ class Transport(abc.ABC):
         it alive, so it is claimed after ``claim_idle_ms``; Kafka: hand it out again from the
         same consumer (the partition is not blocked). Never raises."""
 
-    def read_range(self, topic: str, start: Any = None, end: Any = None) -> AsyncIterator[Delivery]:
+    def read_range(self, topic: str, start: Any = None, end: Any = None, *,
+                   partitions: Sequence[int] | None = None) -> AsyncIterator[Delivery]:
         """The messages of ``topic`` from ``start`` to ``end`` (inclusive; None: open), oldest
-        first, up to the end as it was when called, for ops replay; positions as
-        ``position_kind`` says. Nothing to settle. Raises ``NotSupportedError`` where the broker
-        keeps no history (Redis pub/sub)."""
-        raise NotSupportedError(f"{type(self).__name__} keeps no history to read or replay: "
-                                "replay works on Redis Streams and Kafka")
+        first, up to the end as it was when called, for ops replay and failure listings;
+        positions as ``position_kind`` says; nothing for a topic that does not exist. Nothing to
+        settle. ``partitions``: only those (Kafka; ``ConfigError`` on a broker without
+        partitions). Raises ``NotSupportedError`` where the broker keeps no history (Redis
+        pub/sub)."""
+        raise NotSupportedError(f"{type(self).__name__} keeps no history to read: replay and "
+                                "failures work on Redis Streams and Kafka")
 
     async def write_heartbeat(self, group: str, consumer: str, beat: bytes, *,
                               interval_s: float, last: bool = False) -> None:

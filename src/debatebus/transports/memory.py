@@ -32,6 +32,7 @@ from debatebus.transports.base import (
     Outgoing,
     Transport,
     dlq_topic,
+    refuse_partitions,
 )
 
 __all__ = ["MemoryBroker", "MemoryTransport", "default_broker"]
@@ -231,9 +232,11 @@ class MemoryTransport(Transport):
         """Not supported: no other process could read it."""
         raise NotSupportedError("memory:// lives inside one process: it keeps no heartbeats")
 
-    async def read_range(self, topic: str, start: str = "-", end: str = "+") -> AsyncIterator[Delivery]:
+    async def read_range(self, topic: str, start: str = "-", end: str = "+", *,
+                         partitions: Sequence[int] | None = None) -> AsyncIterator[Delivery]:
         """Entries between two ids (``N-0``, inclusive; ``-``/``+`` for the ends), oldest first,
         up to the end of the log as it was when called."""
+        refuse_partitions(self, partitions)
         log = self.broker.log(topic)
         first = 0 if start == "-" else int(start.split("-")[0]) - 1
         last = len(log) if end == "+" else min(int(end.split("-")[0]), len(log))

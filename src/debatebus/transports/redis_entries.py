@@ -10,7 +10,13 @@ from typing import Any
 
 import msgspec
 
-from debatebus.transports.base import ORIGIN_HEADER, REASON_HEADER, Delivery
+from debatebus.transports.base import (
+    DELIVERIES_HEADER,
+    ORIGIN_HEADER,
+    ORIGIN_ID_HEADER,
+    REASON_HEADER,
+    Delivery,
+)
 from debatebus.transports.redis_common import NO_HEADERS, script_sha
 
 __all__ = [
@@ -30,8 +36,6 @@ __all__ = [
 ]
 
 ENVELOPE, KEY, HEADERS = b"envelope", b"key", b"headers"
-ORIGIN_ID_HEADER = "x-debatebus-origin-id"
-DELIVERIES_HEADER = "x-debatebus-deliveries"
 #: Dead-letter fields and the headers they are read back as.
 DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
                b"originId": ORIGIN_ID_HEADER, b"deliveries": DELIVERIES_HEADER}

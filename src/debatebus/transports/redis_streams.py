@@ -61,6 +61,7 @@ from debatebus.transports.base import (
     Outgoing,
     Transport,
     dlq_topic,
+    refuse_partitions,
 )
 from debatebus.transports.redis_cluster import (
     Batcher,
@@ -298,9 +299,12 @@ class RedisStreamsTransport(Transport):
         return {key: reply[0][0] if reply else "0-0" for key, reply in zip(keys, replies, strict=True)}
 
     async def read_range(self, topic: str, start: str = "-", end: str = "+",
-                         count: int | None = None) -> AsyncIterator[Delivery]:
+                         count: int | None = None, *,
+                         partitions: Sequence[int] | None = None) -> AsyncIterator[Delivery]:
         """Entries of ``topic`` from ``start`` to ``end`` (inclusive ids, ``-``/``+`` for the
-        ends), oldest first, at most ``count``: for operators replaying a stream or a DLQ."""
+        ends), oldest first, at most ``count``: for operators replaying a stream or a DLQ, or
+        listing failures. Each carries its entry id's time as ``timestamp_ms``."""
+        refuse_partitions(self, partitions)
         await self.connect()
         left = count
         while left is None or left > 0:
@@ -309,7 +313,9 @@ class RedisStreamsTransport(Transport):
                 entries: Any = await self._link.redis().xrange(self._key(topic), start, end,
                                                                count=page)
             for entry_id, fields in entries:
-                yield entry_to_delivery(topic, entry_id, fields)
+                delivery = entry_to_delivery(topic, entry_id, fields)
+                delivery.timestamp_ms = int(delivery.id.partition("-")[0])
+                yield delivery
             if len(entries) < page:
                 return
             last = entries[-1][0]

@@ -11,7 +11,13 @@ from collections.abc import Sequence
 from typing import Final
 
 from debatebus.exceptions import ConfigError
-from debatebus.transports.base import REASON_HEADER
+from debatebus.transports.base import (
+    DELIVERIES_HEADER,
+    ORIGIN_HEADER,
+    ORIGIN_OFFSET_HEADER,
+    ORIGIN_PARTITION_HEADER,
+    REASON_HEADER,
+)
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
@@ -27,10 +33,6 @@ __all__ = [
 
 CONTENT_TYPE_HEADER: Final = "content-type"
 SCHEMA_HEADER: Final = "x-debatebus-schema-version"
-DELIVERIES_HEADER: Final = "x-debatebus-deliveries"  # never trusted: dropped when consumed
-ORIGIN_HEADER: Final = "x-debatebus-origin"
-ORIGIN_PARTITION_HEADER: Final = "x-debatebus-origin-partition"
-ORIGIN_OFFSET_HEADER: Final = "x-debatebus-origin-offset"
 
 _LEGAL_TOPIC: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 

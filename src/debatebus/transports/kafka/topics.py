@@ -11,7 +11,7 @@ from typing import TypeVar
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError, for_code
 
-from debatebus.exceptions import ConfigError, TransportError
+from debatebus.exceptions import TransportError
 from debatebus.transports.kafka.errors import kafka_errors
 from debatebus.transports.kafka.settings import KafkaSettings
 
@@ -61,13 +61,12 @@ class Topics:
         self._known.clear()
         self._listed = False
 
-    async def require(self, name: str) -> None:
-        """``ConfigError`` unless topic ``name`` exists (listed now, not created)."""
+    async def exists(self, name: str) -> bool:
+        """Whether topic ``name`` exists (listed now, not created)."""
         admin = await self._admin()
         with kafka_errors("listing topics", self.settings.servers):
             self._known.update(await admin.list_topics())
-        if name not in self._known:
-            raise ConfigError(f"Kafka topic {name!r} does not exist: check the event type")
+        return name in self._known
 
     async def _create(self, admin: AIOKafkaAdminClient, names: list[str]) -> None:
         settings = self.settings

@@ -363,20 +363,22 @@ class KafkaTransport(Transport):
         *,
         partitions: Sequence[int] | None = None,
     ) -> AsyncIterator[Delivery]:
-        """Records of ``topic`` from ``start`` to ``end``, both inclusive, for ops replay.
+        """Records of ``topic`` from ``start`` to ``end``, both inclusive, for ops replay and
+        failure listings; each with its record time as ``timestamp_ms``.
 
-        Integers are offsets, applied to every partition (restrict with ``partitions``);
-        datetimes are record timestamps (naive ones are local time); None is open. Reads up to
-        the end of each partition as it was when called, so a replay that re-publishes to the
-        same topic ends. Partition by partition, not in global order. Nothing to settle.
+        Integers are offsets, counted in each partition and applied to every one (restrict with
+        ``partitions``: ``ConfigError`` for one the topic does not have); datetimes are record
+        timestamps (naive ones are local time); None is open. Reads up to the end of each
+        partition as it was when called, so a replay that re-publishes to the same topic ends.
+        Partition by partition, not in global order. Nothing for a topic that does not exist.
+        Nothing to settle.
         """
         name = kafka_topic(topic)
-        await self._topics.require(name)
+        if not await self._topics.exists(name):
+            return
+        tps = _chosen(name, await self._partitions_of(name), partitions)
         reader = await self._reader()
         try:
-            tps = await self._partitions_of(name)
-            if partitions is not None:
-                tps = [tp for tp in tps if tp.partition in set(partitions)]
             reader.assign(tps)
             spans = await bounds(reader, tps, start, end, servers=self.settings.servers,
                                  timeout=self.settings.request_timeout)
@@ -392,7 +394,23 @@ class KafkaTransport(Transport):
                     tp = TopicPartition(record.topic, record.partition)
                     if tp in active and record.offset < spans[tp][1] and \
                             low <= record.timestamp <= high:
-                        yield to_delivery(record, topic)
+                        delivery = to_delivery(record, topic)
+                        delivery.timestamp_ms = record.timestamp
+                        yield delivery
                 active = {tp for tp in active if await reader.position(tp) < spans[tp][1]}
         finally:
             await self._drop_reader(reader)
+
+
+def _chosen(name: str, tps: list[TopicPartition],
+            partitions: Sequence[int] | None) -> list[TopicPartition]:
+    """The partitions of ``tps`` numbered in ``partitions`` (all of them for None)."""
+    if partitions is None:
+        return tps
+    have = {tp.partition for tp in tps}
+    missing = sorted(set(partitions) - have)
+    if missing:
+        raise ConfigError(f"Kafka topic {name!r} has partitions "
+                          f"{', '.join(map(str, sorted(have)))}: there is no partition "
+                          f"{', '.join(map(str, missing))}")
+    return [tp for tp in tps if tp.partition in set(partitions)]

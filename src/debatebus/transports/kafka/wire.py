@@ -13,14 +13,14 @@ is dropped from consumed records, and so from dead letters and replays built fro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from aiokafka import TopicPartition
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from debatebus.exceptions import ConfigError
 from debatebus.schemas.envelope import SCHEMA_VERSION
-from debatebus.transports.base import Delivery, Outgoing, dlq_topic
+from debatebus.transports.base import DEAD_LETTER_HEADERS, Delivery, Outgoing, dlq_topic
 from debatebus.transports.kafka.names import (
     CONTENT_TYPE_HEADER,
     DELIVERIES_HEADER,
@@ -35,9 +35,6 @@ from debatebus.transports.kafka.offsets import Partition
 
 __all__ = ["RawHeaders", "Record", "Settler", "Token", "dead_letter", "size_of",
            "to_delivery", "to_record", "token_of"]
-
-_DLQ_HEADERS: Final = frozenset({REASON_HEADER, ORIGIN_HEADER, ORIGIN_PARTITION_HEADER,
-                                 ORIGIN_OFFSET_HEADER})
 
 RawHeaders = tuple[tuple[str, bytes], ...]
 
@@ -100,7 +97,7 @@ def to_delivery(record: Any, event_type: str, member: Settler | None = None,
 
 
 def dead_letter(delivery: Delivery, token: Token, reason: str) -> Record:
-    headers = [h for h in token.raw_headers if h[0] not in _DLQ_HEADERS]
+    headers = [h for h in token.raw_headers if h[0] not in DEAD_LETTER_HEADERS]
     headers += [(REASON_HEADER, reason.encode()), (ORIGIN_HEADER, delivery.topic.encode()),
                 (ORIGIN_PARTITION_HEADER, str(token.tp.partition).encode()),
                 (ORIGIN_OFFSET_HEADER, str(token.offset).encode())]
