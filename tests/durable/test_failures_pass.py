@@ -6,18 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from tests.bus.conftest import running, transport_options
 
 from debatebus import Budget, Debate, FunctionLLM, Judge, LLMRequest, Participant
-from debatebus.checkpoints import MemoryCheckpointStore
+from debatebus.checkpoints import MemoryCheckpointStore, store_from_url
+from debatebus.cli.ops_cmds import replay_range
+from debatebus.client import BusClient
 from debatebus.exceptions import LLMError, TransportError
 from debatebus.handlers.checkpointing import debate_key
 from debatebus.observability.logs import LoggingObserver
 from debatebus.observability.metrics import PrometheusObserver
+from debatebus.schemas.envelope import Envelope
 from debatebus.testing import DebateTestBus
+from debatebus.transports import transport_from_url
+from debatebus.worker import DebateBus
 
 NAME = "passing"
 
@@ -186,3 +193,44 @@ async def test_logs_metrics_and_results_tell_the_same_story(caplog: pytest.LogCa
 
     assert counted("debates_failed", "debate:request") == 1
     assert counted("debates_replayed", "debate:request") == 1
+
+
+@pytest.mark.redis
+async def test_after_the_key_is_fixed_a_resend_and_replay_failed_answer_on_redis(
+        redis_server: Any) -> None:
+    """On a real worker: requests fail with a revoked key after round 1; once it is fixed, one is
+    resent and the others come back by ``replay --failed``; each pays only what it had not
+    committed, and a finished request is not re-published."""
+    url, event_type = redis_server.url, f"debate:key{uuid.uuid4().hex[:6]}"
+    provider = Provider(broken_from_round=2)
+    app = DebateBus(url, transport_options=transport_options(url),
+                    group=f"g-{uuid.uuid4().hex[:6]}", heartbeat_interval_s=None)
+    app.subscribe(event_type, debate(provider).as_handler())
+    rids = [f"key-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
+    async with running(app), BusClient(url, **transport_options(url)) as client:
+        failed = await asyncio.gather(*(client.request(event_type, {"input": f"q{n}"},
+                                                       request_id=rid, timeout=60)
+                                        for n, rid in enumerate(rids)))
+        assert all(f.payload["debateRetryable"] is True for f in failed)
+        paid_before = len(provider.calls)
+        provider.fix()
+        resent = await client.request(event_type, {"input": "q0"}, request_id=rids[0], timeout=60)
+        assert resent.payload["debateStatus"] == "completed"
+        assert resent.payload["debateResumedFromRound"] == 1
+        results = await client.results(event_type)
+        store = store_from_url(url)
+        async with store, transport_from_url(url) as transport:
+            summary = await replay_range(transport, event_type, store=store, only_failed=True)
+        replayed: dict[str, Envelope] = {}
+        async with asyncio.timeout(60):
+            async for result in results:
+                if result.request_id in rids[1:]:
+                    replayed[result.request_id] = result
+                if len(replayed) == 2:
+                    break
+    assert summary.republished == 2  # the resent one is finished: not re-published
+    assert all(r.payload["debateStatus"] == "completed" for r in replayed.values())
+    assert all(r.payload["debateResumedFromRound"] == 1 for r in replayed.values())
+    rerun_calls = provider.calls[paid_before:]
+    assert all(purpose != "framing" and number >= 2 for purpose, number in rerun_calls)
+    assert len(rerun_calls) == 3 * (FULL_DEBATE_CALLS - 1 - 3)
