@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BudgetExceededError",
+    "CheckpointMissingError",
     "ConfigError",
     "DebatebusError",
     "DriftError",
@@ -36,6 +37,11 @@ class DebatebusError(Exception):
 
 class ConfigError(DebatebusError, ValueError):
     """The library is being misused: the message says which argument to change and how."""
+
+
+class CheckpointMissingError(ConfigError):
+    """An append found no checkpoint to append to: it was never begun, the debate's result
+    replaced it, or the store lost it (a Redis restarted without its data)."""
 
 
 class NotSupportedError(ConfigError):

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from debatebus.checkpoints.base import Counters
 from debatebus.durations import duration_s
-from debatebus.exceptions import ConfigError
+from debatebus.exceptions import CheckpointMissingError, ConfigError
 
 __all__ = ["COUNTERS_SIZE", "PURGE_EVERY_S", "Sweeps", "lease_ttl_ms", "marker_ms", "not_begun",
            "parse_retention"]
@@ -58,10 +58,11 @@ class Sweeps:
         return True
 
 
-def not_begun(debate_id: str) -> ConfigError:
+def not_begun(debate_id: str) -> CheckpointMissingError:
     # Appending without a header would leave a checkpoint that load() cannot resume from; it also
-    # catches a stale worker appending after another one stored the final result.
-    return ConfigError(
+    # catches a stale worker appending after another one stored the final result, and a store
+    # that lost the checkpoint (the durable runner then writes it again from the run's progress).
+    return CheckpointMissingError(
         f"append() for debate {debate_id!r} before begin(): call begin() first "
         "(or the debate already finished and its checkpoint was replaced by the result)"
     )

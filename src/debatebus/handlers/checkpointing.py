@@ -27,6 +27,7 @@ __all__ = [
     "Ask",
     "CheckpointHeader",
     "StoredResult",
+    "committed_items",
     "counters_of",
     "debate_key",
     "decode_header",
@@ -173,6 +174,14 @@ def decode_result(data: bytes) -> StoredResult:
     fields = _RESULT_DECODER.decode(data)
     fingerprint = fields.pop(_FINGERPRINT_KEY, None)
     return StoredResult(fields, fingerprint if isinstance(fingerprint, str) else None)
+
+
+def committed_items(progress: Progress) -> list[Turn | Round | SubDebateRecord]:
+    """Everything ``progress`` holds, as checkpoint entries: the framing, the rounds, the
+    children's records (``restore_progress`` reads them back in any order)."""
+    framing: list[Turn | Round | SubDebateRecord] = [] if progress.framing is None else [
+        progress.framing]
+    return [*framing, *progress.sub_debates, *progress.rounds]
 
 
 def counters_of(progress: Progress) -> Counters:

@@ -49,10 +49,11 @@ from debatebus.engine.result import DebateResult, Progress
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
-from debatebus.exceptions import LeaseLostError, TransportError
+from debatebus.exceptions import CheckpointMissingError, LeaseLostError, TransportError
 from debatebus.handlers.checkpointing import (
     Ask,
     CheckpointHeader,
+    committed_items,
     counters_of,
     decode_header,
     decode_result,
@@ -160,7 +161,7 @@ class DurableRunner:
             del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
                 return failure_fields(ask.debate_id, progress)
-            commits = _Commits(self, key, progress)
+            commits = _Commits(self, ask, progress)
             try:
                 ran = await self._run_leased(ask, owner, on_event, event_types, commits, children)
             except BaseException:
@@ -231,6 +232,23 @@ class DurableRunner:
             return None
         return restore_progress(checkpoint, self.debate.spec)
 
+    async def rewrite(self, ask: Ask, progress: Progress) -> None:
+        """The store lost the checkpoint of a debate this run holds (a Redis restarted without
+        its data): write it again, whole, from the run's own ``progress``, so a crash from now on
+        still resumes. Unless the debate's result is stored: then it finished elsewhere, and this
+        run is stale (``LeaseLostError``: the worker releases its delivery)."""
+        key = ask.key
+        if await self._patient(lambda: self.store.get_result(key)) is not None:
+            raise _lease_lost(ask.debate_id)
+        log.warning("the checkpoint of debate %s was gone from the store (did it lose its data, "
+                    "e.g. a Redis restart without persistence?): writing it again from the run's "
+                    "own progress", key)
+        header = encode_header(self._header(ask))
+        await self._patient(lambda: self.store.begin(key, header, **self._retention))
+        entries = [encode_entry(item) for item in committed_items(progress)]
+        if entries:
+            await self.append(key, entries, counters_of(progress))
+
     async def append(self, key: str, entries: list[bytes], counters: Counters) -> None:
         """Commit ``entries`` of the debate kept under ``key``, with its counters, riding out a
         store outage."""
@@ -290,17 +308,18 @@ class _Commits:
 
     One small object per debate in flight, not a closure each."""
 
-    __slots__ = ("committed", "counters", "error", "key", "lost", "pending", "progress",
-                 "runner", "writer", "writing")
+    __slots__ = ("ask", "committed", "counters", "error", "lost", "pending", "progress",
+                 "runner", "state", "writer", "writing")
 
-    def __init__(self, runner: DurableRunner, key: str, progress: Progress | None) -> None:
+    def __init__(self, runner: DurableRunner, ask: Ask, progress: Progress | None) -> None:
         self.runner = runner
-        self.key = key  # where the debate is kept in the store
+        self.ask = ask
         self.progress = progress  # what the run resumes from (None: fresh)
         # Each child's last committed status (a resumed run's, from its checkpoint).
         self.committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
         self.pending: list[Turn | Round | SubDebateRecord] = []
         self.counters = Counters()  # the progress's counters as of the newest pending entry
+        self.state = progress  # the run's progress as of the newest commit
         self.writer: asyncio.Task[None] | None = None
         self.writing = False  # the writer's store call is on the wire
         self.error: Exception | None = None
@@ -327,7 +346,7 @@ class _Commits:
         return True
 
     async def _queued(self, state: Progress) -> None:
-        self.counters = counters_of(state)
+        self.counters, self.state = counters_of(state), state
         self.check()
         if self.writing:  # the previous write is still on the wire: wait (this one goes next)
             await self._settled()
@@ -346,7 +365,11 @@ class _Commits:
                 entries, counters = [*map(encode_entry, self.pending)], self.counters
                 self.pending = []
                 self.writing = True
-                await self.runner.append(self.key, entries, counters)
+                try:
+                    await self.runner.append(self.ask.key, entries, counters)
+                except CheckpointMissingError:
+                    assert self.state is not None  # set by the commit that queued the entries
+                    await self.runner.rewrite(self.ask, self.state)
         except Exception as e:  # the run raises it at its next commit, or at its end
             self.error = e
         finally:

@@ -1,5 +1,6 @@
 """Leases of the debates a durable runner has in flight: all renewed from one background task,
-a chunk at a time; a run whose lease could not be renewed is cancelled."""
+a chunk at a time; a run whose lease another worker took is cancelled, and a lease that lapsed
+with nobody holding it (the store was out of reach past its ttl, or lost its data) is taken back."""
 
 from __future__ import annotations
 
@@ -87,7 +88,20 @@ class LeaseKeeper:
             self.failing = True
             return
         self.failing = False
-        if not still_ours and owner in self.held:
-            log.warning("lost the lease on debate %s: stopping its run", debate_id)
-            self.lost.add(owner)
-            run.cancel()
+        if still_ours or owner not in self.held:
+            return
+        # Not ours any more: another worker took it over, or nobody holds it (it expired while
+        # the store was out of reach, or the store lost it: a Redis restarted without its
+        # data). Nobody else runs the debate then: take it back and go on.
+        try:
+            taken_back = await self.store.acquire_lease(debate_id, owner, self.ttl_s)
+        except TransportError:
+            taken_back = False
+        if taken_back:
+            log.warning("the lease on debate %s had lapsed with nobody holding it (did the store "
+                        "lose its data, e.g. a Redis restart without persistence?): taken back, "
+                        "its run goes on", debate_id)
+            return
+        log.warning("lost the lease on debate %s: stopping its run", debate_id)
+        self.lost.add(owner)
+        run.cancel()
