@@ -76,7 +76,7 @@ def _add_observability(worker: argparse.ArgumentParser) -> None:
                         help="require this bearer token on scrapes (default "
                              "$DEBATEBUS_METRICS_TOKEN, which ps does not show); Prometheus "
                              "sends it with authorization: {credentials: …}")
-    worker.add_argument("--metrics-allowed-host", action="append", default=[], metavar="HOST",
+    worker.add_argument("--metrics-allowed-host", action="append", metavar="HOST",
                         help="also answer scrapes sent to HOST, a name or address Prometheus "
                              "scrapes by (repeatable; *.example.com; * for any). Loopback and "
                              "--metrics-host are always answered; others get 421")
@@ -114,7 +114,7 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
         token = args.metrics_token or os.environ.get(METRICS_TOKEN_ENV) or None
         try:
             start_metrics_server(args.metrics_port, host=host, token=token,
-                                 allowed_hosts=args.metrics_allowed_host)
+                                 allowed_hosts=args.metrics_allowed_host or ())
         except OSError as exc:  # port taken, unknown host…
             raise ConfigError(f"cannot serve metrics on {host}:{args.metrics_port}: "
                               f"{exc.strerror or exc}") from None

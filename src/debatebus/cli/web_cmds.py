@@ -42,7 +42,7 @@ def add_parser(sub: Any) -> None:
     web.add_argument("--token", help="require this bearer token on every request (default "
                                      "$DEBATEBUS_WEB_TOKEN, which ps does not show); browsers "
                                      "open http://HOST:PORT/?token=…")
-    web.add_argument("--allowed-host", action="append", default=[], metavar="HOST",
+    web.add_argument("--allowed-host", action="append", metavar="HOST",
                      help="also answer requests sent to HOST, a name or address the page is "
                           "reached by (repeatable; *.example.com; * for any). Loopback and "
                           "--host are always answered; others get 421 (DNS rebinding)")
@@ -91,7 +91,7 @@ async def _web(args: argparse.Namespace) -> int:
     url = broker_url(args.broker)
     server = build_server(url, host=args.host, port=args.port,
                           token=args.token or os.environ.get(TOKEN_ENV) or None,
-                          allowed_hosts=args.allowed_host, history=args.history,
+                          allowed_hosts=args.allowed_host or (), history=args.history,
                           events_topic=args.events_topic)
     print(f"debatebus web: following {args.events_topic} on {redact(url)}; a debate shows up only "
           "when its worker publishes events: DebateBus(..., publish_events=True)",
