@@ -69,3 +69,12 @@ def test_url_secrets_lists_what_a_library_may_print_apart_from_the_url() -> None
     assert url_secrets(None) == []
     assert url_secrets("http://[::1/v1") == []  # unparseable: the URL rule still applies
 
+
+
+def test_token_query_values_are_masked_in_urls_and_by_value_in_paths() -> None:
+    token = "live-page-token-0123456789"
+    assert redact(f"open http://0.0.0.0:8000/api/debates/d/stream?token={token}&x=1") == (
+        "open http://0.0.0.0:8000/api/debates/d/stream?token=***&x=1")
+    # A server's access line holds the path alone: its token is masked as an explicit secret.
+    assert redact(f'"GET /?token={token} HTTP/1.1" 200', [token]) == (
+        f'"GET /?token={REDACTED} HTTP/1.1" 200')

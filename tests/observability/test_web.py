@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -31,13 +32,14 @@ from tests.support.servers import free_port
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.cli import main
 from debatebus.client import BusClient
+from debatebus.redaction import REDACTED
 from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import completed_topic
 from debatebus.schemas.usage import TokenUsage
 from debatebus.transports import Outgoing
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.web import app as web_app
-from debatebus.web import create_app
+from debatebus.web import build_server, create_app
 from debatebus.web.store import DebateStore, Listener
 from debatebus.worker import DebateBus
 
@@ -135,6 +137,13 @@ async def serving(app: Any) -> AsyncIterator[str]:
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_graceful_shutdown=2))
+    async with started(server):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextlib.asynccontextmanager
+async def started(server: uvicorn.Server) -> AsyncIterator[None]:
+    """``server`` serving in this event loop until the block ends."""
     task = asyncio.create_task(server.serve())
     async with asyncio.timeout(TIMEOUT):
         while not server.started:
@@ -143,7 +152,7 @@ async def serving(app: Any) -> AsyncIterator[str]:
                 raise AssertionError("uvicorn exited before it started")
             await asyncio.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, TIMEOUT)
@@ -258,6 +267,135 @@ def test_web_command_checks_its_arguments(capsys: pytest.CaptureFixture[str]) ->
         main(["web", "--broker", "memory://", "--history", "0"])
     assert exited.value.code == 2
     assert "--history: must be a whole number ≥ 1, not '0'" in capsys.readouterr().err
+
+
+# ---- who may read the page: the token, the Host, the warning -------------------------------------
+
+TOKEN = "live-page-token-0123456789"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+ROUTES = ["/", "/healthz", "/api/debates", "/api/debates/d-1", "/api/debates/d-1/stream"]
+
+
+async def status_of(http: httpx.AsyncClient, path: str, **options: Any) -> httpx.Response:
+    """GET ``path``, left as soon as the headers arrive (an event stream never ends)."""
+    async with http.stream("GET", path, **options) as response:
+        return response
+
+
+def warnings_from(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "debatebus.web" and r.levelno >= logging.WARNING]
+
+
+async def test_with_a_token_every_route_needs_it_in_the_header_or_the_query() -> None:
+    broker, topic = MemoryBroker(), f"debate:events:{uuid.uuid4().hex[:8]}"
+    app = create_app(MemoryTransport(broker), events_topic=topic, token=TOKEN)
+    async with serving(app) as base, MemoryTransport(broker) as bus, \
+            httpx.AsyncClient(base_url=base, timeout=TIMEOUT) as http:
+        for body in encoded(debate_events("d-1")):
+            await bus.publish(Outgoing(topic, body, key="req-d-1"))
+
+        async def stored() -> bool:
+            return (await http.get("/api/debates/d-1", headers=BEARER)).status_code == 200
+
+        await wait_until(stored)
+        for path in ROUTES:
+            for refused in (await status_of(http, path),
+                            await status_of(http, path, headers={"Authorization": "Bearer nope"}),
+                            await status_of(http, path, headers={"Authorization": f"Basic {TOKEN}"}),
+                            await status_of(http, path, params={"token": TOKEN[:-1]})):
+                assert refused.status_code == 401, path
+                assert refused.headers["www-authenticate"].startswith("Bearer")
+            assert (await status_of(http, path, headers=BEARER)).status_code == 200, path
+            assert (await status_of(http, path, params={"token": TOKEN})).status_code == 200, path
+        page = await http.get("/", params={"token": TOKEN})
+    assert "withToken(`/api/debates/" in page.text  # the page passes the token on to its stream
+
+
+async def test_a_request_sent_to_another_host_is_refused() -> None:
+    app = create_app(MemoryTransport(MemoryBroker()), token=TOKEN,
+                     allowed_hosts=["debates.example.com", "*.corp.example"])
+    async with serving(app) as base, \
+            httpx.AsyncClient(base_url=base, timeout=TIMEOUT, headers=BEARER) as http:
+        port = base.rsplit(":", 1)[1]
+        for host in ("evil.example", f"evil.example:{port}", "debates.example.com.evil.example",
+                     "corp.example", "0.0.0.0"):
+            response = await http.get("/api/debates", headers={"Host": host})
+            assert response.status_code == 421, host
+            assert response.text.startswith("this server does not answer for the Host")
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "127.0.0.2",
+                     "debates.example.com", "live.corp.example:443"):
+            assert (await http.get("/api/debates", headers={"Host": host})).status_code == 200, host
+
+
+async def test_bound_to_every_interface_without_a_token_it_warns_and_still_checks_the_host(
+        caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    with caplog.at_level(logging.WARNING, "debatebus.web"):
+        server = build_server(MemoryTransport(MemoryBroker()), host="0.0.0.0", port=port,
+                              log_level="warning")
+    (warning,) = warnings_from(caplog)
+    assert f"listens on 0.0.0.0 port {port}, beyond loopback, with NO TOKEN" in warning
+    assert "every debate's question, turns, verdicts and result" in warning
+    assert "--token or $DEBATEBUS_WEB_TOKEN" in warning
+    # Bound to every interface, but asked only on loopback.
+    async with started(server), \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as http:
+        assert (await http.get("/api/debates")).status_code == 200
+        bind_address = await http.get("/api/debates", headers={"Host": f"0.0.0.0:{port}"})
+        assert bind_address.status_code == 200
+        assert (await http.get("/api/debates", headers={"Host": "evil.example"})).status_code == 421
+
+
+async def test_with_a_token_on_every_interface_there_is_no_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    with caplog.at_level(logging.WARNING, "debatebus.web"):
+        server = build_server(MemoryTransport(MemoryBroker()), host="0.0.0.0", port=port,
+                              token=TOKEN, log_level="warning")
+    assert warnings_from(caplog) == []
+    async with started(server), \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as http:
+        assert (await http.get("/api/debates")).status_code == 401
+        assert (await http.get("/api/debates", headers=BEARER)).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.53"])
+def test_on_loopback_there_is_no_warning(caplog: pytest.LogCaptureFixture, host: str) -> None:
+    with caplog.at_level(logging.WARNING, "debatebus.web"):
+        build_server(MemoryTransport(MemoryBroker()), host=host, port=free_port())
+        build_server(MemoryTransport(MemoryBroker()), host="0.0.0.0", port=free_port())
+    assert len(warnings_from(caplog)) == 1  # the 0.0.0.0 one only: the check does fire here
+
+
+async def test_the_token_never_reaches_the_access_log(capsys: pytest.CaptureFixture[str]) -> None:
+    port = free_port()
+    server = build_server(MemoryTransport(MemoryBroker()), port=port, token=TOKEN,
+                          log_level="info")
+    async with started(server), \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as http:
+        assert (await http.get("/", params={"token": TOKEN})).status_code == 200
+        assert (await http.get("/api/debates", params={"x": "1", "token": TOKEN})).status_code == 200
+        assert (await http.get("/healthz", headers=BEARER)).status_code == 200
+    printed = capsys.readouterr()
+    logged = printed.out + printed.err
+    assert f'"GET /?token={REDACTED} HTTP/1.1" 200' in logged
+    assert f'"GET /api/debates?x=1&token={REDACTED} HTTP/1.1" 200' in logged
+    assert TOKEN not in logged
+
+
+def test_web_command_checks_its_token_and_hosts(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEBATEBUS_WEB_TOKEN", raising=False)
+    assert main(["web", "--broker", "memory://", "--token", "short-one"]) == 2
+    monkeypatch.setenv("DEBATEBUS_WEB_TOKEN", "short-two")  # read when --token is not given
+    assert main(["web", "--broker", "memory://"]) == 2
+    monkeypatch.delenv("DEBATEBUS_WEB_TOKEN")
+    assert main(["web", "--broker", "memory://", "--allowed-host", "http://example.com"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("a token must be at least 16 printable ASCII characters") == 2
+    assert "short-one" not in err and "short-two" not in err
+    assert "allowed host 'http://example.com' is not a host name or address" in err
 
 
 # ---- the page in headless Chromium, following a real worker on Redis -----------------------------
@@ -456,13 +594,13 @@ async def test_page_shows_a_debate_arriving_live_in_chromium(redis_server: Any, 
     worker = DebateBus(url, publish_events=True, events_topic=events_topic,
                        transport_options=transport_options(url))
     worker.subscribe(event_type, make_debate(FunctionLLM(holds.answer), max_rounds=3).as_handler())
-    web = create_app(url, events_topic=events_topic)
+    web = create_app(url, events_topic=events_topic, token=TOKEN)
 
     async with serving(web) as base, running(worker), BusClient(url) as client, \
             Browser.launch(CHROMIUM, tmp_path / "profile") as browser:
         results = await client.transport.subscribe([completed_topic(event_type)])
         await client.publish(event_type, {"input": TOPIC}, request_id=request_id)
-        page = await browser.open(f"{base}/#debate={request_id}")
+        page = await browser.open(f"{base}/?token={TOKEN}#debate={request_id}")
 
         round_one = await page.wait_for(lambda s: s.get("turns") == 2 and s["verdicts"] == 1)
         await asyncio.sleep(0.5)  # the worker is held: nothing more can arrive

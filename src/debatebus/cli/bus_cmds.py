@@ -71,7 +71,15 @@ def _add_observability(worker: argparse.ArgumentParser) -> None:
                         help="serve Prometheus metrics on http://HOST:PORT/metrics")
     worker.add_argument("--metrics-host", metavar="HOST",
                         help="interface for --metrics-port (default loopback, 127.0.0.1; "
-                             "0.0.0.0 exposes the metrics on every interface)")
+                             "0.0.0.0 exposes the metrics on every interface: set a token)")
+    worker.add_argument("--metrics-token", metavar="TOKEN",
+                        help="require this bearer token on scrapes (default "
+                             "$DEBATEBUS_METRICS_TOKEN, which ps does not show); Prometheus "
+                             "sends it with authorization: {credentials: …}")
+    worker.add_argument("--metrics-allowed-host", action="append", metavar="HOST",
+                        help="also answer scrapes sent to HOST, a name or address Prometheus "
+                             "scrapes by (repeatable; *.example.com; * for any). Loopback and "
+                             "--metrics-host are always answered; others get 421")
     worker.add_argument("--log-format", choices=("text", "json"), default="text",
                         help="text lines, or one JSON object per line (default text)")
     worker.add_argument("--log-level", default="INFO", type=str.upper,
@@ -87,24 +95,30 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
     from debatebus.observability.logs import LoggingObserver
 
     app.add_observer(LoggingObserver(log_transcripts=args.log_transcripts))
-    if args.metrics_host and not args.metrics_port:
-        raise ConfigError("--metrics-host needs --metrics-port: give both, or neither")
+    for option, given in (("--metrics-host", args.metrics_host),
+                          ("--metrics-token", args.metrics_token),
+                          ("--metrics-allowed-host", args.metrics_allowed_host)):
+        if given and not args.metrics_port:
+            raise ConfigError(f"{option} needs --metrics-port: give both, or neither")
     if args.metrics_port:
         try:
             from debatebus.observability.metrics import (
                 DEFAULT_METRICS_HOST,
+                METRICS_TOKEN_ENV,
                 PrometheusObserver,
                 start_metrics_server,
             )
         except ImportError as exc:
             raise ConfigError(str(exc)) from exc
-        app.add_observer(PrometheusObserver())
         host = args.metrics_host or DEFAULT_METRICS_HOST
+        token = args.metrics_token or os.environ.get(METRICS_TOKEN_ENV) or None
         try:
-            start_metrics_server(args.metrics_port, host=host)
+            start_metrics_server(args.metrics_port, host=host, token=token,
+                                 allowed_hosts=args.metrics_allowed_host or ())
         except OSError as exc:  # port taken, unknown host…
             raise ConfigError(f"cannot serve metrics on {host}:{args.metrics_port}: "
                               f"{exc.strerror or exc}") from None
+        app.add_observer(PrometheusObserver())
     if args.otel:
         from debatebus.observability.tracing import TracingObserver, provider_configured
 

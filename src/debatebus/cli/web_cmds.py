@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,16 @@ def add_parser(sub: Any) -> None:
     web = sub.add_parser("web", help="serve the live debate page (needs the web extra)")
     add_broker(web)
     web.add_argument("--host", default="127.0.0.1",
-                     help="interface to listen on (default 127.0.0.1: transcripts are not public)")
+                     help="interface to listen on (default 127.0.0.1: transcripts are not public; "
+                          "beyond loopback, set a token)")
     web.add_argument("--port", type=port, default=8000, help="port to listen on")
+    web.add_argument("--token", help="require this bearer token on every request (default "
+                                     "$DEBATEBUS_WEB_TOKEN, which ps does not show); browsers "
+                                     "open http://HOST:PORT/?token=…")
+    web.add_argument("--allowed-host", action="append", metavar="HOST",
+                     help="also answer requests sent to HOST, a name or address the page is "
+                          "reached by (repeatable; *.example.com; * for any). Loopback and "
+                          "--host are always answered; others get 421 (DNS rebinding)")
     web.add_argument("--history", type=positive_int, default=200, metavar="N",
                      help="debates kept in memory (default 200)")
     web.add_argument("--events-topic", default="debate:events",
@@ -73,21 +82,19 @@ async def _asyncapi(args: argparse.Namespace) -> int:
 
 async def _web(args: argparse.Namespace) -> int:
     try:
-        import uvicorn
-
-        from debatebus.web.app import create_app
+        from debatebus.web.server import TOKEN_ENV, build_server
     except ModuleNotFoundError as exc:
         if exc.name not in _WEB_MODULES:
             raise
         raise ConfigError("debatebus web needs the web extra: pip install -e '.[web]' in a "
                           "checkout (see the README's Installing extras)") from exc
     url = broker_url(args.broker)
-    app = create_app(url, history=args.history, events_topic=args.events_topic)
+    server = build_server(url, host=args.host, port=args.port,
+                          token=args.token or os.environ.get(TOKEN_ENV) or None,
+                          allowed_hosts=args.allowed_host or (), history=args.history,
+                          events_topic=args.events_topic)
     print(f"debatebus web: following {args.events_topic} on {redact(url)}; a debate shows up only "
           "when its worker publishes events: DebateBus(..., publish_events=True)",
           file=sys.stderr, flush=True)
-    # Open event streams would hold a graceful shutdown forever; cut them after a few seconds.
-    config = uvicorn.Config(app, host=args.host, port=args.port, timeout_graceful_shutdown=3,
-                            log_level="info")
-    await uvicorn.Server(config).serve()
+    await server.serve()
     return 0

@@ -1,6 +1,7 @@
 """Prometheus metrics of a worker: ``app.add_observer(PrometheusObserver())`` then
 ``start_metrics_server(9108)`` (or ``debatebus worker … --metrics-port 9108``), which serves
-``http://127.0.0.1:9108/metrics`` unless given another host.
+``http://127.0.0.1:9108/metrics`` unless given another host, with a bearer token when given one
+(``debatebus.access``).
 
 Every metric is named ``{namespace}_…`` with base units (seconds) and ``_total`` on counters.
 Debate lifecycle metrics are labelled by ``event_type`` (the request topic, e.g.
@@ -9,11 +10,13 @@ Debate lifecycle metrics are labelled by ``event_type`` (the request topic, e.g.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 try:
@@ -31,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "Prometheus metrics need prometheus-client: pip install 'debatebus[metrics]'"
     ) from exc
 
+from debatebus.access import TOKEN_QUERY, Access, warn_if_exposed
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas import events as ev
@@ -38,7 +42,10 @@ from debatebus.schemas import events as ev
 if TYPE_CHECKING:
     from debatebus.handlers.contract import HandlerResult
 
-__all__ = ["DEFAULT_METRICS_HOST", "MetricsServer", "PrometheusObserver", "start_metrics_server"]
+__all__ = ["DEFAULT_METRICS_HOST", "METRICS_TOKEN_ENV", "MetricsServer", "PrometheusObserver",
+           "start_metrics_server"]
+
+log = logging.getLogger("debatebus.metrics")
 
 #: Debates take seconds (fakes, small models) to tens of minutes (long protocols on big models).
 DEBATE_BUCKETS = (0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0)
@@ -174,13 +181,25 @@ class PrometheusObserver(Observer):
 #: The only path served; anything else is a 404.
 METRICS_PATH = "/metrics"
 DEFAULT_METRICS_HOST = "127.0.0.1"
+#: Where ``debatebus worker`` reads the metrics token when ``--metrics-token`` is not given.
+METRICS_TOKEN_ENV = "DEBATEBUS_METRICS_TOKEN"
 
 _StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 _WSGIApp = Callable[[dict[str, Any], _StartResponse], Iterable[bytes]]
 
 
-def _only_metrics(app: _WSGIApp) -> _WSGIApp:
+def _only_metrics(app: _WSGIApp, access: Access) -> _WSGIApp:
+    """``app`` at ``METRICS_PATH`` only, for requests sent to an allowed Host with the token."""
+
     def serve(environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
+        query_tokens = parse_qs(environ.get("QUERY_STRING", "")).get(TOKEN_QUERY)
+        refusal = access.refusal(environ.get("HTTP_HOST"), environ.get("HTTP_AUTHORIZATION"),
+                                 query_tokens[-1] if query_tokens else None)
+        if refusal is not None:
+            start_response(f"{refusal.status.value} {refusal.status.phrase}", [
+                ("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store"),
+                *refusal.headers])
+            return [refusal.message.encode()]
         if environ.get("PATH_INFO") != METRICS_PATH:
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [f"not found: metrics are at {METRICS_PATH}\n".encode()]
@@ -207,14 +226,27 @@ class MetricsServer(ThreadingMixIn, WSGIServer):
 
 
 def start_metrics_server(port: int, registry: CollectorRegistry | None = None,
-                         host: str = DEFAULT_METRICS_HOST,
+                         host: str = DEFAULT_METRICS_HOST, *, token: str | None = None,
+                         allowed_hosts: Iterable[str] = (),
                          ) -> tuple[MetricsServer, threading.Thread]:
     """Serve ``/metrics`` (and nothing else) on ``host:port`` from a daemon thread.
 
     ``host`` defaults to loopback: metrics name models and event types, so exposing them is a
-    choice (``host="0.0.0.0"``, or ``--metrics-host`` on ``debatebus worker``)."""
+    choice (``host="0.0.0.0"``, or ``--metrics-host`` on ``debatebus worker``), which logs a
+    WARNING unless a ``token`` is set. With ``token``, a scrape needs ``Authorization: Bearer
+    <token>`` (Prometheus: ``authorization: {credentials: …}``) or ``?token=``; else 401.
+    Scrapes are answered only when sent to loopback, ``host`` or one of ``allowed_hosts`` (the
+    names or addresses Prometheus scrapes it by; ``*.example.com``; ``*`` for any); else 421."""
+    access = Access.of(token, [*allowed_hosts, host] if host else allowed_hosts,
+                       host_option="debatebus worker --metrics-allowed-host; "
+                                   "start_metrics_server(allowed_hosts=…)")
     server = MetricsServer(host, port, _only_metrics(
-        make_wsgi_app(REGISTRY if registry is None else registry)))
+        make_wsgi_app(REGISTRY if registry is None else registry), access))
+    warn_if_exposed(log, host, server.server_address[1], token, serves="the metrics server",
+                    exposes="this worker's metrics (event types, model and participant names, "
+                            "token counts, debate outcomes)",
+                    set_token=f"--metrics-token or ${METRICS_TOKEN_ENV}, "
+                              "start_metrics_server(token=…)")
     thread = threading.Thread(target=server.serve_forever, name="debatebus-metrics", daemon=True)
     thread.start()
     return server, thread

@@ -1,7 +1,9 @@
-"""The live debate page (extra ``web``): ``debatebus web --broker URL`` or ``create_app(...)``."""
+"""The live debate page (extra ``web``): ``debatebus web --broker URL``, ``create_app(...)`` for
+any ASGI server, or ``build_server(...)`` for uvicorn."""
 
 from __future__ import annotations
 
 from debatebus.web.app import create_app
+from debatebus.web.server import build_server
 
-__all__ = ["create_app"]
+__all__ = ["build_server", "create_app"]

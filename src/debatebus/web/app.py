@@ -2,7 +2,9 @@
 recent debates as JSON and each debate's events as server-sent events.
 
 It keeps nothing but memory: a restarted page shows debates from its start on. Serve it with
-``debatebus web --broker URL`` or mount ``create_app(...)`` in any ASGI server.
+``debatebus web --broker URL`` or mount ``create_app(...)`` in any ASGI server. Every request,
+the page's own included, must be sent to an allowed ``Host`` and carry the token when one is set
+(``debatebus.access``).
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ import contextlib
 import hashlib
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from functools import cache
 from importlib import resources
 from typing import Any, Final
 
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.middleware import Middleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from debatebus.access import TOKEN_QUERY, Access
 from debatebus.transports import Delivery, Transport, transport_from_url
 from debatebus.web.store import DebateStore, Event
 from debatebus.worker import EVENTS_TOPIC
@@ -85,6 +90,27 @@ async def _close(deliveries: AsyncIterator[Delivery]) -> None:
     aclose = getattr(deliveries, "aclose", None)
     if aclose is not None:
         await aclose()
+
+
+class _Guard:
+    """Answers a request only when it is sent to an allowed Host and carries the token."""
+
+    def __init__(self, app: ASGIApp, access: Access) -> None:
+        self.app = app
+        self.access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":  # the lifespan passes; no route takes a websocket
+            request = HTTPConnection(scope)
+            refusal = self.access.refusal(request.headers.get("host"),
+                                          request.headers.get("authorization"),
+                                          request.query_params.get(TOKEN_QUERY))
+            if refusal is not None:
+                headers = {"Cache-Control": "no-store", **dict(refusal.headers)}
+                await PlainTextResponse(refusal.message, refusal.status, headers)(
+                    scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 # ---- the app ----------------------------------------------------------------------------------
@@ -200,9 +226,17 @@ class _LivePage:
 
 
 def create_app(broker_url_or_transport: str | Transport, *, history: int = 200,
-               events_topic: str = EVENTS_TOPIC) -> Starlette:
+               events_topic: str = EVENTS_TOPIC, token: str | None = None,
+               allowed_hosts: Iterable[str] = ()) -> Starlette:
     """The live page for the debates on ``events_topic``. A transport given as an object is
-    shared: it is connected but not closed by the app."""
+    shared: it is connected but not closed by the app.
+
+    With ``token``, every request needs ``Authorization: Bearer <token>`` or ``?token=<token>``
+    (a browser opens ``/?token=…`` and the page passes it on); else 401. Requests are answered
+    only when their ``Host`` is loopback or in ``allowed_hosts`` (names or addresses the page is
+    reached by, ``*.example.com``, ``*`` for any); else 421."""
+    access = Access.of(token, allowed_hosts,
+                       host_option="debatebus web --allowed-host; create_app(allowed_hosts=…)")
     live = _LivePage(broker_url_or_transport, events_topic, history)
     routes = [
         Route("/", live.page),
@@ -211,5 +245,6 @@ def create_app(broker_url_or_transport: str | Transport, *, history: int = 200,
         Route("/api/debates/{debate_id}", live.debate),
         Route("/api/debates/{debate_id}/stream", live.stream),
     ]
-    return Starlette(routes=routes, lifespan=live.lifespan)
+    return Starlette(routes=routes, lifespan=live.lifespan,
+                     middleware=[Middleware(_Guard, access=access)])
 
