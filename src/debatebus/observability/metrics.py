@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
         "Prometheus metrics need prometheus-client: pip install 'debatebus[metrics]'"
     ) from exc
 
-from debatebus.access import TOKEN_QUERY, Access, warn_if_exposed
+from debatebus.access import TOKEN_QUERY, Access, is_loopback, warn_if_exposed
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas import events as ev
@@ -235,9 +235,13 @@ def start_metrics_server(port: int, registry: CollectorRegistry | None = None,
     choice (``host="0.0.0.0"``, or ``--metrics-host`` on ``debatebus worker``), which logs a
     WARNING unless a ``token`` is set. With ``token``, a scrape needs ``Authorization: Bearer
     <token>`` (Prometheus: ``authorization: {credentials: …}``) or ``?token=``; else 401.
-    Scrapes are answered only when sent to loopback, ``host`` or one of ``allowed_hosts`` (the
-    names or addresses Prometheus scrapes it by; ``*.example.com``; ``*`` for any); else 421."""
-    access = Access.of(token, [*allowed_hosts, host] if host else allowed_hosts,
+    On loopback (against DNS rebinding: a browser led to read it as another site), scrapes are
+    answered only when sent to loopback or one of ``allowed_hosts``; else 421. Bound beyond
+    loopback, where scrapers reach it by whatever name or address they know (a pod's IP), any
+    ``Host`` is answered unless ``allowed_hosts`` names some (``*.example.com``; ``*``): the
+    token is what guards it there."""
+    hosts = ([*allowed_hosts, host] if allowed_hosts or is_loopback(host) else ["*"])
+    access = Access.of(token, hosts,
                        host_option="debatebus worker --metrics-allowed-host; "
                                    "start_metrics_server(allowed_hosts=…)")
     server = MetricsServer(host, port, _only_metrics(
