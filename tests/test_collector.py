@@ -11,7 +11,7 @@ import pytest
 
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import BusClient
-from debatebus.collector import DEFAULT_THRESHOLDS, Collector
+from debatebus.collector import DEFAULT_COLLECTOR, DEFAULT_THRESHOLDS, Collector
 from debatebus.exceptions import ConfigError
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import DebateBus
@@ -41,10 +41,33 @@ def test_thresholds_are_gc_set_thresholds_three_counts(thresholds: tuple[int, ..
         Collector(thresholds=thresholds)  # type: ignore[arg-type]
 
 
+async def test_a_worker_leaves_the_collector_alone_unless_given_one() -> None:
+    """The collector is the process's: an app that embeds a worker keeps its settings."""
+    before = gc.get_threshold()
+    app = DebateBus(MemoryTransport(MemoryBroker()))
+    app.subscribe("debate:request", make_debate().as_handler(durable=False))
+    async with running(app):
+        await asyncio.sleep(0.05)  # connected: now serving
+        assert gc.get_threshold() == before
+        assert gc.get_freeze_count() == 0
+
+
+def test_nested_serving_keeps_the_first_setting_until_the_last_ends() -> None:
+    before = gc.get_threshold()
+    with Collector().serving():
+        frozen = gc.get_freeze_count()
+        with Collector(thresholds=(1000, 10, 10)).serving():
+            assert gc.get_threshold() == DEFAULT_THRESHOLDS
+        assert gc.get_freeze_count() == frozen > 0, "the inner block unfroze the outer one"
+        assert gc.get_threshold() == DEFAULT_THRESHOLDS
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
 async def test_a_worker_serves_with_the_default_collector_and_restores_it() -> None:
     before = gc.get_threshold()
     broker = MemoryBroker()
-    app = DebateBus(MemoryTransport(broker))
+    app = DebateBus(MemoryTransport(broker), collector=DEFAULT_COLLECTOR)
     app.subscribe("debate:request", make_debate().as_handler(durable=False))
     async with running(app):
         await asyncio.sleep(0.05)  # connected: now serving

@@ -24,6 +24,12 @@ collection every 10 collections of the middle one once the oldest has grown by a
   50,000 objects' worth, and those that lived long, for a full collection.
 
 ``Collector(freeze=False, thresholds=None)`` leaves the collector as it is.
+
+The collector is the process's, so a ``DebateBus`` leaves it alone unless given one
+(``DebateBus(collector=Collector())``): an app embedding a worker keeps its own settings. The
+``debatebus worker`` command owns its process and serves with ``DEFAULT_COLLECTOR`` unless the app
+says otherwise. Workers serving at once in one process share one setting: the first to start
+applies its own, and it stays until the last one stops.
 """
 
 from __future__ import annotations
@@ -57,20 +63,40 @@ class Collector:
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[None]:
-        """Applied within the block (a worker's serving, after start-up), restored after."""
+        """Applied within the block (a worker's serving, after start-up), restored after; a
+        block within another one's (a second worker in the process) changes nothing."""
+        if _SERVING.blocks:
+            _SERVING.blocks += 1
+            try:
+                yield
+            finally:
+                _SERVING.blocks -= 1
+            return
         before = gc.get_threshold()
         if self.thresholds is not None:
             gc.set_threshold(*self.thresholds)
         if self.freeze:
             gc.collect()  # garbage frozen now would never be freed
             gc.freeze()
+        _SERVING.blocks = 1
         try:
             yield
         finally:
+            _SERVING.blocks = 0
             if self.freeze:
                 gc.unfreeze()
             gc.set_threshold(*before)
 
 
-#: A worker's unless told otherwise: frozen after start-up, ``DEFAULT_THRESHOLDS``.
+@dataclass(slots=True)
+class _Serving:
+    """How many ``serving`` blocks are open in the process: the collector is the process's."""
+
+    blocks: int = 0
+
+
+_SERVING = _Serving()
+
+#: What ``debatebus worker`` serves with unless its app says otherwise: frozen after start-up,
+#: ``DEFAULT_THRESHOLDS``.
 DEFAULT_COLLECTOR = Collector()

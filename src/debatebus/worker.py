@@ -30,7 +30,7 @@ from typing import Any, Final, Self
 from debatebus.broker_link import BrokerLink, broker_where
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import Answers, request_message
-from debatebus.collector import DEFAULT_COLLECTOR, Collector
+from debatebus.collector import Collector
 from debatebus.exceptions import (
     ConfigError,
     TransportError,
@@ -82,7 +82,7 @@ class DebateBus:
         transport_options: Mapping[str, Any] | None = None,
         observers: Sequence[Observer] = (),
         heartbeat_interval_s: float | None = 5.0,
-        collector: Collector = DEFAULT_COLLECTOR,
+        collector: Collector | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency must be ≥ 1, got {concurrency}")
@@ -107,8 +107,8 @@ class DebateBus:
         self.events_topic = events_topic
         self.drain_timeout = drain_timeout
         self.heartbeat_interval_s = heartbeat_interval_s
-        #: Python's cyclic GC while serving (``debatebus.collector``): frozen after start-up,
-        #: fewer full collections.
+        #: Python's cyclic GC while serving (``debatebus.collector``); None: left as it is (the
+        #: ``debatebus worker`` command serves with ``DEFAULT_COLLECTOR``).
         self.collector = collector
         self.routes: dict[str, Route] = {}
         self.observers = list(observers)
@@ -214,7 +214,8 @@ class DebateBus:
         try:
             with self._signals():
                 if await self._connect_retrying():
-                    with self.collector.serving():
+                    with (self.collector.serving() if self.collector is not None
+                          else contextlib.nullcontext()):
                         await self._serve()
         finally:
             self._stop_requested = False

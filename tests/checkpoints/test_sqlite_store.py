@@ -202,3 +202,26 @@ async def test_unopenable_file_is_a_transport_error(tmp_path: Path) -> None:
     store = SQLiteCheckpointStore(tmp_path / "missing-dir" / "x.db")
     with pytest.raises(TransportError, match="directory exists"):
         await store.connect()
+
+
+async def test_a_write_stuck_on_another_process_lock_frees_the_thread_within_its_call(
+        tmp_path: Path) -> None:
+    """Another process holds the write lock past a call's bound: that call fails in time, and
+    the one thread is not left blocked on it, so a read queued behind (a lease look-up) is served.
+    (With a busy timeout longer than the call's, the read waited behind it and failed too.)"""
+    path = tmp_path / "locked.db"
+    store = SQLiteCheckpointStore(path, timeout_s=1.0)
+    await store.connect()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write, in progress
+    try:
+        write = asyncio.ensure_future(store.begin("d1", b"header"))
+        await asyncio.sleep(0.05)  # the write is on the thread, waiting for the lock
+        read = await store.get_lease("d1")  # queued behind it
+        assert read is None
+        with pytest.raises(TransportError):
+            await write
+    finally:
+        holder.rollback()
+        holder.close()
+        await store.close()

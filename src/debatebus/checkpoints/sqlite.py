@@ -2,8 +2,11 @@
 
 Every call runs on one dedicated worker thread that owns the connection, so the event loop never
 blocks on disk I/O and the connection is never shared between threads. Several processes may
-open the same file: writes take ``BEGIN IMMEDIATE`` (the busy timeout makes them queue rather than
-fail) and expiry is wall-clock time, which all processes on the host agree on.
+open the same file: writes take ``BEGIN IMMEDIATE``, and a write that finds another process's
+write under way waits for it up to the busy timeout, half the store's ``timeout_s`` (then it
+fails with ``TransportError``), so the one thread is free again before the call's own bound ends
+and the calls queued behind it (a lease renewal) get their turn. Expiry is wall-clock time, which
+all processes on the host agree on.
 
 Expired checkpoints and results are invisible to reads (``expires_at``) and swept out by a write
 at most every ``PURGE_EVERY_S`` (or by ``purge_expired``), so the file stays bounded without a
@@ -42,7 +45,9 @@ __all__ = ["SQLiteCheckpointStore"]
 
 T = TypeVar("T")
 
-BUSY_TIMEOUT_S = 30.0
+#: The busy timeout's share of a call's ``timeout_s``: a statement waiting on another process's
+#: lock gives up while its call still waits, never holding the store's one thread past it.
+BUSY_SHARE = 0.5
 # Bound on ids per ``IN (...)`` so has_results never hits SQLITE_MAX_VARIABLE_NUMBER.
 _IN_CHUNK = 500
 
@@ -111,11 +116,11 @@ def _read(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
         db.rollback()
 
 
-def _open(path: str) -> sqlite3.Connection:
+def _open(path: str, busy_timeout_s: float) -> sqlite3.Connection:
     # isolation_level=None: no implicit transactions; _write/_read say exactly where they are.
-    db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    db = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
     try:
-        db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: durable across app crashes
         db.executescript(_SCHEMA)
@@ -178,7 +183,8 @@ class SQLiteCheckpointStore(CheckpointStore):
                 return self._worker
             executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="debatebus-sqlite")
             try:
-                db = await self._on(executor, lambda: _open(self.path))
+                db = await self._on(executor,
+                                    lambda: _open(self.path, self.timeout_s * BUSY_SHARE))
             except BaseException:
                 executor.shutdown(wait=False)
                 raise

@@ -15,6 +15,7 @@ from typing import Any
 
 from debatebus.cli.common import add_broker, broker_url, port, positive_int, seconds
 from debatebus.client import BusClient
+from debatebus.collector import DEFAULT_COLLECTOR
 from debatebus.exceptions import ConfigError
 from debatebus.observe import Observer, RequestContext
 from debatebus.schemas.events import DebateEvent
@@ -156,6 +157,8 @@ async def _worker(args: argparse.Namespace) -> int:
     _observe(app, args)
     if args.concurrency:
         app.concurrency = args.concurrency
+    if app.collector is None:  # the command owns its process: tune the collector for serving
+        app.collector = DEFAULT_COLLECTOR
     async with app:
         await app.run()
     return 0
