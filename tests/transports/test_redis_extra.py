@@ -332,21 +332,6 @@ async def test_an_ack_touching_a_non_stream_key_writes_nothing(
     assert await raw.xlen(good) == 1
 
 
-async def test_results_are_trimmed_and_dead_letters_are_not(redis_server: RedisServer,
-                                                            topic: str, raw: Redis) -> None:
-    results = f"event:{topic}:completed"
-    async with RedisStreamsTransport(redis_server.url, max_len=10, block_ms=100) as t:
-        for i in range(300):
-            await raw.xadd(topic, {"envelope": b"%d" % i})  # publish() would trim these too
-        reader = Reader(t.consume([topic], group="workers", consumer="w1", prefetch=64))
-        deliveries = [await reader.next() for _ in range(300)]
-        await asyncio.gather(*(t.ack(d, [Outgoing(results, d.body)]) for d in deliveries[:150]))
-        await asyncio.gather(*(t.reject(d, "no") for d in deliveries[150:]))
-    assert await raw.xlen(results) < 150  # MAXLEN ~ trims whole nodes: approximately 10
-    assert await raw.xlen(dlq_topic(topic)) == 150
-    assert (await raw.xpending(topic, "workers"))["pending"] == 0
-
-
 async def test_acks_after_redis_forgot_the_script(streams: RedisStreamsTransport, topic: str,
                                                   raw: Redis) -> None:
     await streams.publish(Outgoing(topic, REQUEST))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 
 from debatebus.checkpoints.base import Counters
 from debatebus.exceptions import ConfigError
 
-__all__ = ["COUNTERS_SIZE", "PURGE_EVERY_S", "Sweeps", "lease_ttl_ms", "marker_ms", "not_begun",
-           "parse_retention"]
+__all__ = ["COUNTERS_SIZE", "PURGE_EVERY_S", "Sweeps", "lease_ttl_ms", "marker_ms", "not_begun"]
 
 # Counters are four integers; the stores that report logical sizes count them as four int64s.
 COUNTERS_SIZE = 8 * len(fields(Counters))
@@ -26,26 +24,6 @@ def marker_ms(keep_ms: int | None) -> int | None:
     """How long a finished marker is kept: as long again as its result, so a request arriving
     up to one retention period after the result expired learns that it did."""
     return None if keep_ms is None else 2 * keep_ms
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_retention(text: str) -> float:
-    """A retention from a store URL's ``retention=`` query parameter: seconds (``3600``), a
-    number and a unit (``90s``, ``30m``, ``12h``, ``7d``), or ``never`` (``math.inf``)."""
-    value = text.strip().lower()
-    if value == "never":
-        return math.inf
-    scale = _UNITS.get(value[-1:], 0)
-    try:
-        seconds = float(value[:-1] if scale else value) * (scale or 1)
-    except ValueError:
-        seconds = math.nan
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ConfigError(f"retention={text!r} in a store URL: use seconds or a number with a unit "
-                          "(90s, 30m, 12h, 7d), or never")
-    return seconds
 
 
 #: The memory and SQLite stores sweep out what expired at most this often, from a write call.

@@ -47,6 +47,12 @@ from redis import exceptions as redis_errors
 from redis.asyncio.client import PubSub
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.retention import (
+    DEFAULT_RETENTION_S,
+    TOPIC_RETENTION_PARAM,
+    retention_ms,
+    take_retention,
+)
 from debatebus.transports.base import Delivery, Outgoing, Transport, heartbeat_key
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 from debatebus.transports.redis_cluster import Batcher, make_batcher
@@ -82,13 +88,20 @@ class RedisPubSubTransport(Transport):
     how long a listener waits before noticing ``close`` or a requeued message. ``synkro``:
     Synkro's lock, dedupe and metrics TTLs and dead-letter switch (``SynkroSettings``, Synkro's
     defaults); None for debatebus's own rules on this channel (every worker answers).
+    ``topic_retention_s`` (else the URL's ``?topic_retention=``): how long the dead-letter streams
+    keep their entries, as on Redis Streams.
     """
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, connect_timeout: float = 5.0,
                  command_timeout: float = 10.0, client: RedisClient | None = None,
-                 poll_ms: int = 100, synkro: SynkroSettings | None = SYNKRO_DEFAULTS) -> None:
+                 poll_ms: int = 100, synkro: SynkroSettings | None = SYNKRO_DEFAULTS,
+                 topic_retention_s: float | None = None) -> None:
         if client is not None:
             check_client(client)
+        url, from_url = take_retention(url, TOPIC_RETENTION_PARAM)
+        self._topic_retention_s = (topic_retention_s if topic_retention_s is not None
+                                   else from_url if from_url is not None else DEFAULT_RETENTION_S)
+        retention_ms(self._topic_retention_s, name="topic_retention_s")  # ConfigError now
         self._url = url
         self._connect_timeout = connect_timeout
         self._timeout = command_timeout
@@ -120,7 +133,8 @@ class RedisPubSubTransport(Transport):
             await self._client.ping()
         self._closed = False
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
-                                           block_ms=max(1, int(self._poll_s * 1000)))
+                                           block_ms=max(1, int(self._poll_s * 1000)),
+                                           topic_retention_s=self._topic_retention_s)
         await self._dead.connect()
         self._batcher = make_batcher(self._client, self._where, timeout=self._timeout)
         self._batcher.start()
