@@ -55,9 +55,11 @@ def dlq_topic(topic: str) -> str:
     return f"{topic}:dlq"
 
 
-def heartbeat_key(group: str) -> str:
-    """The Redis key holding a group's newest heartbeat (Redis pub/sub workers)."""
-    return f"{HEARTBEAT_TOPIC}:{group}"
+def heartbeat_key(group: str, consumer: str | None = None) -> str:
+    """The Redis key holding a group's newest heartbeat, or one consumer's newest (Redis pub/sub
+    workers)."""
+    key = f"{HEARTBEAT_TOPIC}:{group}"
+    return key if consumer is None else f"{key}:consumer:{consumer}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -158,15 +158,23 @@ class RedisPubSubTransport(Transport):
 
     async def write_heartbeat(self, group: str, consumer: str, beat: bytes, *,
                               interval_s: float, last: bool = False) -> None:
-        """Pub/sub keeps no messages: the key ``heartbeat_key(group)``, SET with an expiry that
-        outlives ``debatebus check``'s window by far (a dead worker reads as stale, not absent).
-        A last beat deletes the key if it holds this consumer's beat (another worker's stays)."""
+        """Pub/sub keeps no messages: the keys ``heartbeat_key(group)`` (the group's newest beat)
+        and ``heartbeat_key(group, consumer)`` (this consumer's, for ``check --consumer``), SET
+        with an expiry that outlives ``debatebus check``'s window by far (a dead worker reads as
+        stale, not absent). A last beat deletes this consumer's key, and the group's if it holds
+        this consumer's beat (another worker's stays)."""
         client, _, _ = self._parts()
-        key = heartbeat_key(group)
+        key, own = heartbeat_key(group), heartbeat_key(group, consumer)
         async with redis_call(self._where, self._timeout):
             if not last:
-                await client.set(key, beat, ex=max(60, int(interval_s * 10)))
-            elif _consumer_of(await client.get(key)) == consumer:
+                expiry = max(60, int(interval_s * 10))
+                pipe = client.pipeline(transaction=False)
+                pipe.set(key, beat, ex=expiry)
+                pipe.set(own, beat, ex=expiry)
+                await pipe.execute()
+                return
+            await client.delete(own)
+            if _consumer_of(await client.get(key)) == consumer:
                 await client.delete(key)
 
     def _parts(self) -> tuple[RedisClient, Batcher, RedisStreamsTransport]:
