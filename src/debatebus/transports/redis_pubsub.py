@@ -29,6 +29,11 @@ every node, so Synkro apps that ``PUBLISH`` reach debatebus workers subscribed o
 streams are cluster-keyed like the Streams transport's. Synkro's claim runs as single-key steps
 there (see ``synkro``).
 
+Databases: Redis pub/sub ignores the db number of the URL. Channels belong to the server, so a
+worker on ``/1`` and one on ``/10`` of one Redis both get every ``PUBLISH``; the db scopes only the
+keys (Synkro's, the dead-letter streams, heartbeats). A transport given a db other than 0 logs a
+WARNING once, when it first connects. Keep fleets apart by event type or by Redis server.
+
 Outages: ``consume`` raises ``TransportError`` when the connection is lost for good or Redis stops
 answering (a quiet subscription is checked with ``PING`` after ``command_timeout / 2``); calling
 it again subscribes again. What is published while nobody is subscribed is gone: at-most-once.
@@ -65,6 +70,7 @@ from debatebus.transports.redis_common import (
     cluster_url,
     describe,
     is_cluster,
+    log,
     merge,
     redis_call,
 )
@@ -116,6 +122,7 @@ class RedisPubSubTransport(Transport):
         #: Requeued and released deliveries by the topics consumed, waiting to be handed out again.
         self._requeued: dict[tuple[str, ...], deque[Delivery]] = {}
         self._closed = False
+        self._db_told = False
         cluster = is_cluster(client) if client is not None else cluster_url(url)
         self._synkro = (SynkroDialect(synkro, lambda: self._parts()[1], cluster=cluster)
                         if synkro is not None else None)
@@ -132,12 +139,28 @@ class RedisPubSubTransport(Transport):
         async with redis_call(self._where, self._timeout):
             await self._client.ping()
         self._closed = False
+        self._tell_db(self._client)
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
                                            block_ms=max(1, int(self._poll_s * 1000)),
                                            topic_retention_s=self._topic_retention_s)
         await self._dead.connect()
         self._batcher = make_batcher(self._client, self._where, timeout=self._timeout)
         self._batcher.start()
+
+    def _tell_db(self, client: RedisClient) -> None:
+        """One WARNING, the first time this transport connects, if its db is not 0: pub/sub
+        channels ignore it (a cluster has db 0 only)."""
+        if self._db_told or is_cluster(client):
+            return
+        self._db_told = True
+        db = int(client.get_connection_kwargs().get("db") or 0)
+        if db:
+            log.warning(
+                "Redis pub/sub ignores the db number: channels belong to the whole server, so "
+                "on %s this transport hears and reaches every PUBLISH of every db, not only db %d's "
+                "(the db scopes only its keys: Synkro's locks and dedupe keys, dead letters, "
+                "heartbeats); keep fleets apart with their own event types or their own Redis",
+                self._where, db)
 
     async def close(self) -> None:
         self._closed = True
