@@ -18,9 +18,9 @@ Wire format (what any client in any language reads and writes):
   taken over while its worker is alive;
 * every stream debatebus writes to (requests, results, dead letters, events) is trimmed by age:
   each ``XADD`` carries ``MINID ~ <now - topic_retention_s>``, and a consumer trims the streams
-  it reads the same way (``XTRIM``) as it reclaims, so requests from producers that never trim
-  age out too. Redis drops whole nodes of old entries, pending or not: see the rule in
-  docs/operations.md ("Retention");
+  it reads the same way (``XTRIM``) when it starts and then every tenth of the retention (at most
+  every minute), so requests from producers that never trim age out too. Redis drops whole nodes
+  of old entries, pending or not: see the rule in docs/operations.md ("Retention");
 * a dead letter is an entry of ``{type}:dlq`` with the fields ``envelope`` (the original bytes,
   untouched), ``key``/``headers`` when the original had them, ``reason``, ``origin`` (the stream),
   ``originId`` and ``deliveries``. Reading it back maps those four into the headers
@@ -118,6 +118,9 @@ _RANGE_PAGE = 500
 #: The retention must be at least this many times ``claim_idle_ms``: a pending entry older than
 #: the retention is trimmed, so one retention must outlast many claim periods.
 RETENTION_CLAIM_FACTOR: Final = 10
+#: How often a consumer trims the streams it reads, at most (seconds): a tenth of the retention,
+#: when that is shorter.
+_TRIM_EVERY_S: Final = 60.0
 
 
 def _keep_ms(retention_s: float, claim_idle_ms: int) -> int | None:
@@ -129,6 +132,11 @@ def _keep_ms(retention_s: float, claim_idle_ms: int) -> int | None:
             f"entries older than the retention are trimmed even while pending, so keep it at "
             f"least {RETENTION_CLAIM_FACTOR} × claim_idle_ms (in practice, days)")
     return keep_ms
+
+
+def _trim_every_s(keep_ms: int | None) -> float:
+    """How often a consumer trims what it reads: a tenth of the retention, at most a minute."""
+    return _TRIM_EVERY_S if keep_ms is None else min(_TRIM_EVERY_S, keep_ms / 10_000)
 
 
 class RedisStreamsTransport(Transport):
@@ -166,7 +174,7 @@ class RedisStreamsTransport(Transport):
         self._key = self._link.key
         self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms,
                                       submit=lambda commands: self._submit_to().submit(commands),
-                                      trim=self._trim)
+                                      trim=self._trim, trim_every_s=_trim_every_s(self._keep_ms))
         self._batcher: Batcher | None = None
         self._load_settle = SharedCall(self._load_settle_script)
 
