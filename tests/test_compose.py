@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +29,36 @@ def test_services_images_and_commands() -> None:
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft: no ZooKeeper
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # we create topics explicitly
     assert worker["build"] == "."
-    assert worker["command"][:3] == ["debatebus", "worker", "debatebus.demo:app"]
+    assert worker_command()[:3] == ["debatebus", "worker", "debatebus.demo:app"]
     assert worker["environment"]["DEBATEBUS_BROKER"] == "redis://redis:6379/0"
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def shell_words(form: list[str], shell: str) -> list[str]:
+    """The words a ``[shell, script]`` command runs, ``$$`` read as compose reads it: a ``$`` for
+    the container's shell."""
+    assert form[:-1] == shell.split() and len(form) == len(shell.split()) + 1, form
+    return shlex.split(form[-1].replace("$$", "$"))
+
+
+def worker_command() -> list[str]:
+    words = shell_words(compose()["services"]["worker"]["command"], "sh -c")
+    assert words[0] == "exec"  # the worker is the container's main process, and gets its signals
+    return words[1:]
 
 
 def test_every_service_has_a_healthcheck_and_the_worker_uses_debatebus_check() -> None:
     services = compose()["services"]
     for name, service in services.items():
         assert "healthcheck" in service, name
-    assert services["worker"]["healthcheck"]["test"][:3] == ["CMD", "debatebus", "check"]
+    check = shell_words(services["worker"]["healthcheck"]["test"], "CMD-SHELL")
+    assert check[:2] == ["debatebus", "check"]
+    # The check follows this container's worker: both are named by the container's hostname.
+    name = worker_command()[worker_command().index("--consumer") + 1]
+    assert name == "$HOSTNAME"
+    assert check[check.index("--consumer") + 1] == name
+    timeout = float(check[check.index("--timeout") + 1])
+    assert timeout < float(services["worker"]["healthcheck"]["timeout"].removesuffix("s"))
 
 
 def test_every_service_restarts_unless_stopped() -> None:

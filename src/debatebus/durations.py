@@ -1,5 +1,6 @@
 """Durations as people write them: seconds (``3600``) or a number with a unit (``90s``,
-``30m``, ``12h``, ``7d``). A store URL's ``retention=`` and ``debatebus failures --since`` read them."""
+``30m``, ``12h``, ``7d``). Retentions in URLs (``debatebus.retention``) and ``debatebus failures
+--since`` read them."""
 
 from __future__ import annotations
 

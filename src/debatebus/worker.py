@@ -49,11 +49,14 @@ from debatebus.transports import (
 )
 from debatebus.transports.synkro import step_channel
 
-__all__ = ["DEFAULT_GROUP", "EVENTS_TOPIC", "DebateBus", "Handler"]
+__all__ = ["CONSUMER_ENV", "DEFAULT_GROUP", "EVENTS_TOPIC", "DebateBus", "Handler"]
 
 log = logging.getLogger("debatebus.worker")
 
 DEFAULT_GROUP = "debatebus"
+#: The environment variable naming a worker's consumer when the app does not
+#: (``debatebus worker --consumer`` and ``debatebus check --consumer`` default to it too).
+CONSUMER_ENV: Final = "DEBATEBUS_CONSUMER"
 EVENTS_TOPIC = "debate:events"
 #: A consumer that reconnected and ran this long without an error ends the outage (or a delivery).
 _HEALTHY_AFTER_S: Final = 1.0
@@ -65,7 +68,12 @@ class DebateBus:
     """A worker app: ``app.subscribe("debate:request", debate.as_handler()); await app.run()``.
 
     ``broker``: a URL or a ``Transport``; without one, ``$DEBATEBUS_BROKER``, else
-    ``redis://localhost:6379/0`` — the CLI's rule (``debatebus.transports.broker_url``)."""
+    ``redis://localhost:6379/0`` — the CLI's rule (``debatebus.transports.broker_url``).
+
+    ``consumer``: this worker's name in its group (its heartbeats, ``debatebus check
+    --consumer``, Redis's pending lists); without one, ``$DEBATEBUS_CONSUMER``, else
+    ``{host}-{pid}-{random}``. Every live worker needs its own; a stable one (a container's
+    hostname, a pod's name) lets a health check follow it across restarts."""
 
     def __init__(
         self,
@@ -99,7 +107,8 @@ class DebateBus:
                            "memory://" if isinstance(broker, MemoryTransport) else None)
         self._where = broker_where(broker)
         self.group = group
-        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.consumer = (consumer or os.environ.get(CONSUMER_ENV)
+                         or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
         self.concurrency = concurrency
         self.max_deliveries = max_deliveries
         self.max_message_bytes = max_message_bytes

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class WorkerProcess:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    """``debatebus worker tests.bus.worker_app:app`` with ``env`` and the extra CLI ``args``."""
+
+    def __init__(self, env: dict[str, str], log: Path, args: Sequence[str] = ()) -> None:
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "debatebus", "worker", "tests.bus.worker_app:app"],
-            cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            [sys.executable, "-m", "debatebus", "worker", "tests.bus.worker_app:app", *args],
+            # src first: this checkout's debatebus, whichever one the venv has installed
+            cwd=ROOT, env={**os.environ, **env,
+                           "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))},
             stdout=log.open("ab"), stderr=subprocess.STDOUT,
         )
 

@@ -8,7 +8,8 @@ Knobs: ``DBB_BROKER``, ``DBB_EVENT_TYPE`` (required); ``DBB_GROUP``, ``DBB_CONCU
 ``DBB_ROUNDS``, ``DBB_JUDGE``, ``DBB_MAX_DELIVERIES``, ``DBB_PUBLISH_EVENTS=1``; ``DBB_STORE`` (an
 explicit checkpoint store URL; without it the handler is the default one that ``DebateBus``
 makes durable); ``DBB_LEASE_TTL`` (seconds; 2 with ``DBB_STORE``, else the handler's default);
-``DBB_MODEL`` (a model string for ``resolve_llm`` instead of the logged FunctionLLM). An input
+``DBB_MODEL`` (a model string for ``resolve_llm`` instead of the logged FunctionLLM);
+``DBB_HEARTBEAT_INTERVAL`` (seconds between heartbeats, default the worker's). An input
 containing ``HUGE_RESULT`` makes every speaker answer ``DBB_HUGE_BYTES`` (default 1.2 MB) of
 text, so the result is too large for the broker.
 
@@ -123,6 +124,7 @@ def app() -> DebateBus:
         max_deliveries=int(os.environ.get("DBB_MAX_DELIVERIES", "5")),
         publish_events=os.environ.get("DBB_PUBLISH_EVENTS") == "1",
         transport_options=_transport_options(url),
+        heartbeat_interval_s=float(os.environ.get("DBB_HEARTBEAT_INTERVAL", "5")),
     )
     options: dict[str, Any] = {}
     store_url = os.environ.get("DBB_STORE")

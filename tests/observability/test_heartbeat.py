@@ -7,12 +7,14 @@ import json
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from tests.bus.conftest import make_debate, running, transport_options
+from tests.bus.processes import WorkerProcess
 from tests.observability.observed import debatebus_check
 from tests.support.servers import free_port
 
@@ -32,17 +34,20 @@ from debatebus.worker import DebateBus
 WAIT = 60.0
 
 
-async def first_heartbeat(url: str, group: str) -> dict[str, Any]:
+async def first_heartbeat(url: str, group: str, consumer: str | None = None,
+                          process: WorkerProcess | None = None) -> dict[str, Any]:
     async with asyncio.timeout(WAIT):
         while True:
-            beat = await latest_heartbeat(url, group)
+            beat = await latest_heartbeat(url, group, consumer)
             if beat is not None:
                 return beat
+            if process is not None:
+                process.assert_alive("before its first heartbeat")
             await asyncio.sleep(0.05)
 
 
-def worker(url: str, group: str, interval_s: float = 0.2) -> DebateBus:
-    app = DebateBus(url, group=group, consumer="c-1", transport_options=transport_options(url),
+def worker(url: str, group: str, interval_s: float = 0.2, consumer: str = "c-1") -> DebateBus:
+    app = DebateBus(url, group=group, consumer=consumer, transport_options=transport_options(url),
                     heartbeat_interval_s=interval_s)
     app.subscribe(f"debate:request{uuid.uuid4().hex[:8]}", make_debate().as_handler())
     return app
@@ -291,3 +296,120 @@ async def test_a_stopped_consumer_does_not_hide_a_live_one(redis_server: Any) ->
         assert await latest_heartbeat(redis_server.url, group) is None
     finally:
         await client.aclose()
+
+
+# ---- one worker: check --consumer --------------------------------------------------------------
+
+
+def test_judge_names_the_consumer_asked_about() -> None:
+    beat = {"group": "g", "consumer": "c", "pid": 7, "host": "h", "intervalS": 5.0,
+            "timestamp": 1000.0}
+    code, line = judge(None, "g", "redis://r", None, now=0.0, consumer="c")
+    assert code == 1
+    assert line.startswith("unhealthy: no live heartbeat from consumer 'c' of group 'g' on redis://r")
+    code, line = judge(beat, "g", "redis://r", None, now=1016.0, consumer="c")
+    assert code == 1
+    assert "heartbeat of consumer 'c' in group 'g' is 16.0 s old (limit 15 s)" in line
+    assert judge(beat, "g", "redis://r", None, now=1001.0, consumer="c") == \
+        (0, "ok: c (pid 7 on h) in group 'g' beat 1.0 s ago, 0 debates in flight")
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("scheme", ["redis://", "redis+pubsub://"])
+async def test_check_one_consumer_of_two(redis_server: Any, scheme: str) -> None:
+    """Two workers of one group: each is checked on its own heartbeats, and the one that stopped
+    is unhealthy while the other and the group stay healthy."""
+    url, group = redis_server.url.replace("redis://", scheme), f"g-{uuid.uuid4().hex[:8]}"
+    async with running(worker(url, group, 30, "c-1")) as first, \
+            running(worker(url, group, 30, "c-2")):
+        for name in ("c-1", "c-2"):
+            assert (await first_heartbeat(url, group, name))["consumer"] == name
+        code, line = await check(url, group, consumer="c-1")
+        assert (code, line.split(" (")[0]) == (0, "ok: c-1")
+        first.stop()  # its last beat says so: c-1 is unhealthy at once
+        async with asyncio.timeout(WAIT):
+            while True:
+                code, line = await check(url, group, consumer="c-1")
+                if code == 1:
+                    break
+                await asyncio.sleep(0.05)
+        assert line.startswith(f"unhealthy: no live heartbeat from consumer 'c-1' of group '{group}'")
+        code, line = await check(url, group, consumer="c-2")
+        assert (code, line.split(" (")[0]) == (0, "ok: c-2")
+        assert (await check(url, group))[1].startswith("ok: c-2 ")
+        assert (await check(url, group, consumer="nobody"))[0] == 1
+
+
+@pytest.fixture
+def processes() -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+async def test_check_consumer_turns_unhealthy_when_its_worker_is_killed(
+        redis_server: Any, tmp_path: Path, processes: list[WorkerProcess]) -> None:
+    """Two worker processes of one group, named by ``$DEBATEBUS_CONSUMER`` and by ``--consumer``.
+    One is SIGKILLed (no last beat): ``check --consumer`` of it turns unhealthy once its newest
+    beat is older than 3 heartbeat intervals (3 s here), while the other's stays healthy, as does
+    the group's (the case a group-wide check cannot see)."""
+    url, group = redis_server.url, f"g-{uuid.uuid4().hex[:8]}"
+    env = {"DBB_BROKER": url, "DBB_EVENT_TYPE": f"debate:request{uuid.uuid4().hex[:8]}",
+           "DBB_GROUP": group, "DBB_HEARTBEAT_INTERVAL": "1"}
+    doomed = WorkerProcess({**env, "DEBATEBUS_CONSUMER": "doomed"}, tmp_path / "doomed.log")
+    processes.append(doomed)
+    survivor = WorkerProcess(env, tmp_path / "survivor.log", ["--consumer", "survivor"])
+    processes.append(survivor)
+    for name, process in (("doomed", doomed), ("survivor", survivor)):
+        beat = await first_heartbeat(url, group, name, process)
+        assert (beat["consumer"], beat["pid"]) == (name, process.pid)
+    assert (await debatebus_check("--broker", url, "--group", group, "--consumer", "doomed"))[0] == 0
+    doomed.kill()
+    others = []
+    async with asyncio.timeout(15):  # the limit is 3 s: "within seconds" of the kill
+        while True:
+            if (await check(url, group, consumer="doomed"))[0] == 1:
+                break
+            others.append(await check(url, group, consumer="survivor"))
+            await asyncio.sleep(0.2)
+    assert all(code == 0 for code, _ in others), others
+    code, line = await debatebus_check("--broker", url, "--group", group, "--consumer", "doomed")
+    assert code == 1
+    assert line.startswith(f"unhealthy: the newest heartbeat of consumer 'doomed' in group '{group}'")
+    assert "(limit 3 s)" in line
+    code, line = await debatebus_check("--broker", url, "--group", group, "--consumer", "survivor")
+    assert (code, line.split(" (")[0]) == (0, "ok: survivor")
+    assert (await debatebus_check("--broker", url, "--group", group))[0] == 0
+    survivor.assert_alive("after the other worker was killed")
+
+
+async def test_check_on_kafka_answers_within_its_timeout() -> None:
+    """A port that takes connections and never answers (a broker that hangs, a firewall that
+    holds them): the check gives up at its timeout, its connections closed, and says so."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        code, line = await check(f"kafka://127.0.0.1:{port}", "g", timeout=2.0)
+        took = loop.time() - started
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+    assert (code, line) == (1, f"unhealthy: the broker at kafka://127.0.0.1:{port} did not "
+                               "answer within 2 s")
+    assert held  # it did connect: the wait was for an answer
+    assert took < 2.0 + 1.0, took  # the timeout bounds the whole check, closing included
+    # Nothing listening at all: refused at once, with the reason.
+    code, line = await check(f"kafka://127.0.0.1:{free_port()}", "g", timeout=20.0)
+    assert code == 1
+    assert "is a broker listening there?" in line

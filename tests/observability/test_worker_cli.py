@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -103,3 +104,21 @@ def test_worker_options_attach_observers(caplog: pytest.LogCaptureFixture) -> No
     assert tracing.enabled
     assert app.observer is not None
     assert "no OpenTelemetry SDK" in caplog.text  # this process set no tracer provider
+
+
+def test_a_worker_is_named_by_the_flag_the_app_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["worker", "tests.observability.cli_app:app",
+                                      "--consumer", "worker-1"])
+    assert args.consumer == "worker-1"
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["worker", "tests.observability.cli_app:app", "--consumer", " "])
+    assert exited.value.code == 2
+    assert "must name the consumer" in capsys.readouterr().err
+    monkeypatch.setenv("DEBATEBUS_CONSUMER", "from-env")
+    assert DebateBus("memory://").consumer == "from-env"
+    assert DebateBus("memory://", consumer="from-app").consumer == "from-app"
+    monkeypatch.delenv("DEBATEBUS_CONSUMER")
+    first, second = DebateBus("memory://").consumer, DebateBus("memory://").consumer
+    assert first != second  # unnamed workers never share a name
+    assert first.startswith(f"{socket.gethostname()}-{os.getpid()}-")

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import sys
 import time
@@ -24,12 +25,15 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, OffsetAndTimestamp, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from tests.support.servers import TansuServer, free_port
 from tests.transports.test_contract import Reader
 
 import debatebus
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.kafka import (
     DELIVERIES_HEADER,
@@ -407,6 +411,40 @@ def test_constructor_arguments_become_frozen_settings() -> None:
 def test_bad_settings_raise_config_error(servers: str, options: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         KafkaTransport(servers, **options)
+
+
+def test_topic_retention_from_the_constructor_and_the_url() -> None:
+    assert KafkaTransport("h:1").settings.topic_configs == {"retention.ms": str(7 * 86_400_000)}
+    assert KafkaTransport("h:1", topic_retention_s=2.5).settings.topic_configs == \
+        {"retention.ms": "2500"}
+    assert KafkaTransport("h:1", topic_retention_s=math.inf).settings.topic_configs == \
+        {"retention.ms": "-1"}  # Kafka's "keep forever"
+    from_url = transport_from_url("kafka://h:1?topic_retention=12h&partitions=2")
+    assert isinstance(from_url, KafkaTransport)
+    assert from_url.settings.topic_configs == {"retention.ms": str(12 * 3_600_000)}
+    assert transport_from_url("kafka://h:1?topic_retention=never").settings.topic_configs == \
+        {"retention.ms": "-1"}  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="topic_retention_s must be a positive number"):
+        KafkaTransport("h:1", topic_retention_s=0)
+    with pytest.raises(ConfigError, match="topic_retention='a week' in a URL"):
+        transport_from_url("kafka://h:1?topic_retention=a week")
+
+
+async def test_topics_are_created_with_the_retention(tansu_server: TansuServer) -> None:
+    """Tansu keeps a topic's configs from its creation and describes them back."""
+    event_type = f"debate:kept{uuid.uuid4().hex[:6]}"
+    async with transport_from_url(f"{tansu_server.url}?topic_retention=90s") as t:
+        await t.ensure_topics([event_type])
+    admin = AIOKafkaAdminClient(bootstrap_servers=tansu_server.bootstrap)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, kafka_topic(event_type))])
+    finally:
+        await admin.close()
+    ((*_, entries),) = response.resources
+    configs = {entry[0]: entry[1] for entry in entries}
+    assert configs["retention.ms"] == "90000"
 
 
 # -- unreachable brokers -------------------------------------------------------------------------

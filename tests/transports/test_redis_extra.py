@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -332,21 +333,6 @@ async def test_an_ack_touching_a_non_stream_key_writes_nothing(
     assert await raw.xlen(good) == 1
 
 
-async def test_results_are_trimmed_and_dead_letters_are_not(redis_server: RedisServer,
-                                                            topic: str, raw: Redis) -> None:
-    results = f"event:{topic}:completed"
-    async with RedisStreamsTransport(redis_server.url, max_len=10, block_ms=100) as t:
-        for i in range(300):
-            await raw.xadd(topic, {"envelope": b"%d" % i})  # publish() would trim these too
-        reader = Reader(t.consume([topic], group="workers", consumer="w1", prefetch=64))
-        deliveries = [await reader.next() for _ in range(300)]
-        await asyncio.gather(*(t.ack(d, [Outgoing(results, d.body)]) for d in deliveries[:150]))
-        await asyncio.gather(*(t.reject(d, "no") for d in deliveries[150:]))
-    assert await raw.xlen(results) < 150  # MAXLEN ~ trims whole nodes: approximately 10
-    assert await raw.xlen(dlq_topic(topic)) == 150
-    assert (await raw.xpending(topic, "workers"))["pending"] == 0
-
-
 async def test_acks_after_redis_forgot_the_script(streams: RedisStreamsTransport, topic: str,
                                                   raw: Redis) -> None:
     await streams.publish(Outgoing(topic, REQUEST))
@@ -483,3 +469,28 @@ def test_our_command_packer_writes_what_redis_py_writes() -> None:
                 ("XACK", "debate:é", "workers", "1-0", "2-0"), ("EXEC",)]
     expected = b"".join(Connection().pack_commands([list(c) for c in commands]))
     assert pack_commands(commands) == expected
+
+
+async def test_pubsub_warns_once_that_channels_ignore_the_db(
+        redis_server: RedisServer, topic: str, caplog: pytest.LogCaptureFixture) -> None:
+    """PUBLISH on db 5 reaches a subscriber of db 3: channels belong to the server. A pub/sub
+    transport given a db other than 0 says so once, when it first connects."""
+    caplog.set_level(logging.WARNING, logger="debatebus")
+    on_3 = RedisPubSubTransport(redis_server.url.removesuffix("/0") + "/3", synkro=None)
+    async with on_3:
+        reader = Reader(await on_3.subscribe([topic]))
+        other_db = Redis.from_url(redis_server.url.removesuffix("/0") + "/5")
+        try:
+            await other_db.publish(topic, REQUEST)
+        finally:
+            await other_db.aclose()
+        assert (await reader.next()).body == REQUEST
+        reader.task.cancel()
+    await on_3.connect()  # again: said already
+    await on_3.close()
+    async with RedisPubSubTransport(redis_server.url, synkro=None):  # db 0: nothing to say
+        pass
+    said = [r for r in caplog.records if "ignores the db number" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].levelname == "WARNING"
+    assert "not only db 3's" in said[0].getMessage()

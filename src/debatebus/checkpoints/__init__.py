@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
-from debatebus.checkpoints._common import parse_retention
 from debatebus.checkpoints.base import (
     DEFAULT_RETENTION_S,
     CheckpointStore,
@@ -22,6 +21,7 @@ from debatebus.checkpoints.memory import MemoryCheckpointStore
 from debatebus.checkpoints.sqlite import SQLiteCheckpointStore
 from debatebus.exceptions import ConfigError
 from debatebus.redaction import redact
+from debatebus.retention import take_retention
 
 if TYPE_CHECKING:
     from debatebus.checkpoints.redis import RedisCheckpointStore
@@ -58,9 +58,9 @@ def store_from_url(url: str, **options: Any) -> CheckpointStore:
     plain path ending .db/.sqlite/.sqlite3) → SQLite; ``redis://``/``rediss://`` → Redis.
     A ``retention=`` query parameter (``7d``, ``12h``, ``3600``, ``never``) sets ``retention_s``.
     ``options`` go to the store's constructor (``retention_s``, ``prefix``…)."""
-    url, retention = _take_retention(url)
+    url, retention = take_retention(url, "retention")
     if retention is not None:
-        options.setdefault("retention_s", parse_retention(retention))
+        options.setdefault("retention_s", retention)
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return MemoryCheckpointStore(**options)
@@ -91,20 +91,6 @@ def store_for_broker(url: str) -> CheckpointStore | None:
     # The scheme only: the rest of a broker URL may hold a password.
     raise ConfigError(f"no default checkpoint store for a broker URL of scheme {scheme!r}: pass "
                       "store= to as_handler()")
-
-
-def _take_retention(url: str) -> tuple[str, str | None]:
-    """``url`` without its ``retention`` query parameter (the Redis client would refuse it), and
-    that parameter's value."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    values = [value for name, value in query if name == "retention"]
-    if not values:
-        return url, None
-    rest = urlencode([(name, value) for name, value in query if name != "retention"])
-    # Rebuilt by hand: urlunsplit would turn sqlite:///abs into sqlite:/abs.
-    fragment = f"#{parts.fragment}" if parts.fragment else ""
-    return url.split("?", 1)[0] + (f"?{rest}" if rest else "") + fragment, values[-1]
 
 
 def _sqlite_path(url: str) -> str:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import fields
 
 from debatebus.checkpoints.base import Counters
-from debatebus.durations import duration_s
 from debatebus.exceptions import CheckpointMissingError, ConfigError
 
-__all__ = ["COUNTERS_SIZE", "PURGE_EVERY_S", "Sweeps", "lease_ttl_ms", "marker_ms", "not_begun",
-           "parse_retention"]
+__all__ = ["COUNTERS_SIZE", "PURGE_EVERY_S", "Sweeps", "lease_ttl_ms", "marker_ms", "not_begun"]
 
 # Counters are four integers; the stores that report logical sizes count them as four int64s.
 COUNTERS_SIZE = 8 * len(fields(Counters))
@@ -27,18 +24,6 @@ def marker_ms(keep_ms: int | None) -> int | None:
     """How long a finished marker is kept: as long again as its result, so a request arriving
     up to one retention period after the result expired learns that it did."""
     return None if keep_ms is None else 2 * keep_ms
-
-
-def parse_retention(text: str) -> float:
-    """A retention from a store URL's ``retention=`` query parameter: seconds (``3600``), a
-    number and a unit (``90s``, ``30m``, ``12h``, ``7d``), or ``never`` (``math.inf``)."""
-    if text.strip().lower() == "never":
-        return math.inf
-    seconds = duration_s(text)
-    if seconds is None:
-        raise ConfigError(f"retention={text!r} in a store URL: use seconds or a number with a unit "
-                          "(90s, 30m, 12h, 7d), or never")
-    return seconds
 
 
 #: The memory and SQLite stores sweep out what expired at most this often, from a write call.

@@ -26,12 +26,11 @@ store arms one timer per pipeline of calls, not one per call.
 from __future__ import annotations
 
 import abc
-import math
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-from debatebus.exceptions import ConfigError
+from debatebus.retention import DEFAULT_RETENTION_S, retention_ms
 
 __all__ = [
     "DEFAULT_RETENTION_S",
@@ -47,17 +46,6 @@ __all__ = [
 
 #: How long a store call may take before it fails with ``TransportError`` (seconds).
 DEFAULT_TIMEOUT_S = 10.0
-#: How long checkpoints and results are kept after their last write (seconds): 7 days.
-DEFAULT_RETENTION_S = 7 * 24 * 3600.0
-
-
-def retention_ms(retention_s: float) -> int | None:
-    """A retention in whole milliseconds (Redis PX granularity); None for ``math.inf`` (keep
-    forever). ``ConfigError`` for anything but a positive number of seconds."""
-    if not retention_s > 0:  # also rejects NaN
-        raise ConfigError(f"retention_s must be a positive number of seconds (math.inf: keep "
-                          f"forever), got {retention_s!r}")
-    return None if math.isinf(retention_s) else max(1, round(retention_s * 1000))
 
 
 @dataclass(frozen=True, slots=True)

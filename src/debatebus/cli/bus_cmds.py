@@ -30,6 +30,10 @@ def add_parser(sub: Any) -> None:
     worker.add_argument("--concurrency", type=positive_int, metavar="N",
                         help="debates at once in this process (default: the app's concurrency, "
                              "16 unless it sets another)")
+    worker.add_argument("--consumer", type=_consumer, metavar="NAME",
+                        help="this worker's name in its group, for `debatebus check --consumer "
+                             "NAME` (default: the app's, else $DEBATEBUS_CONSUMER, else "
+                             "host-pid-random); one per live worker")
     _add_observability(worker)
     worker.set_defaults(func=_worker)
 
@@ -157,6 +161,8 @@ async def _worker(args: argparse.Namespace) -> int:
     _observe(app, args)
     if args.concurrency:
         app.concurrency = args.concurrency
+    if args.consumer:
+        app.consumer = args.consumer
     if app.collector is None:  # the command owns its process: tune the collector for serving
         app.collector = DEFAULT_COLLECTOR
     async with app:
@@ -173,6 +179,13 @@ def _payload(args: argparse.Namespace) -> dict[str, Any]:
     if args.input is None:
         raise ConfigError("give --input 'topic' or --payload '{\"input\": …}'")
     return {"input": args.input}
+
+
+def _consumer(value: str) -> str:
+    """An argparse type: a consumer name, not blank."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must name the consumer, e.g. worker-1")
+    return value
 
 
 def _header(value: str) -> tuple[str, str]:

@@ -14,7 +14,10 @@ broker) and ``timestamp`` (seconds since the epoch) — through its transport's
 * memory: nothing; no other process could read it.
 
 ``latest_heartbeat`` on a Redis URL reads both the stream and the key, so ``check`` works whichever
-of the two Redis transports the workers use.
+of the two Redis transports the workers use. Given a consumer, it looks for that consumer's newest
+beat only (on pub/sub, its own key ``debatebus:heartbeat:{group}:consumer:{consumer}``), so a
+container's health check follows its own worker, not the group. It answers within its ``timeout``,
+closing its connections included, or raises ``TimeoutError``.
 
 A beat that cannot be written is not written: during an outage the newest beat goes stale. A worker
 that stops cleanly says so at once (``send_last_beat``): it deletes its pub/sub key, or writes a
@@ -31,7 +34,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
@@ -64,6 +67,8 @@ log = logging.getLogger("debatebus.heartbeat")
 _PAGE: Final = 100
 _MAX_PAGES: Final = 10
 _REDIS_SCHEMES: Final = ("redis", "rediss", "redis+pubsub", "rediss+pubsub")
+#: The most of a check's time kept for closing its connections (seconds).
+_CLOSE_S: Final = 0.5
 
 Beat = dict[str, Any]
 
@@ -99,18 +104,26 @@ def _newest(beats: list[Beat | None]) -> Beat | None:
 
 
 class _Live:
-    """Reads one group's beats newest first and keeps the first from a consumer that is still
-    running: a consumer's newest beat decides, and a last beat (``stopping``) rules it out."""
+    """Reads one group's beats newest first (only ``consumer``'s, when given) and keeps the first
+    from a consumer that is still running: a consumer's newest beat decides, and a last beat
+    (``stopping``) rules it out."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, consumer: str | None = None) -> None:
         self.group = group
+        self.consumer = consumer
         self.seen: set[str] = set()
+
+    @property
+    def done(self) -> bool:
+        """Whether reading on could change the answer: not once the one consumer asked for was
+        seen (its newest beat decided)."""
+        return self.consumer is not None and self.consumer in self.seen
 
     def pick(self, beat: Beat | None) -> Beat | None:
         if beat is None or beat.get("group") != self.group:
             return None
         consumer = str(beat.get("consumer"))
-        if consumer in self.seen:
+        if consumer in self.seen or self.consumer not in (None, consumer):
             return None
         self.seen.add(consumer)
         return None if beat.get("stopping") else beat
@@ -153,8 +166,8 @@ async def beat_forever(transport: Transport, group: str, consumer: str, interval
 async def send_last_beat(transport: Transport, group: str, consumer: str, interval_s: float, *,
                          app: str = "debatebus") -> None:
     """Say that this consumer stopped, so ``check`` stops counting it at once: a last beat with
-    ``stopping: true`` (on Redis pub/sub, the group's key is deleted when it holds this
-    consumer's beat). Raises ``TransportError`` when the broker cannot be reached."""
+    ``stopping: true`` (on Redis pub/sub, this consumer's key is deleted, and the group's when
+    it holds this consumer's beat). Raises ``TransportError`` when the broker cannot be reached."""
     beat = _beat(app, group, consumer, interval_s, 0, stopping=True)
     with contextlib.suppress(NotSupportedError):
         await transport.write_heartbeat(group, consumer, beat, interval_s=interval_s, last=True)
@@ -163,42 +176,64 @@ async def send_last_beat(transport: Transport, group: str, consumer: str, interv
 # ---- reading ----------------------------------------------------------------------------------
 
 
-async def latest_heartbeat(url: str, group: str) -> Beat | None:
-    """The newest heartbeat of ``group`` on the broker at ``url``, or None when there is none."""
+async def latest_heartbeat(url: str, group: str, consumer: str | None = None, *,
+                           timeout: float = 5.0) -> Beat | None:
+    """The newest heartbeat of ``group`` (of its ``consumer`` only, when given) on the broker at
+    ``url``, or None when there is none. Done within ``timeout`` seconds, closing its connections
+    included; ``TimeoutError`` past it."""
     scheme = urlsplit(url).scheme
+    deadline = asyncio.get_running_loop().time() + timeout
     if scheme in _REDIS_SCHEMES:
-        return await _redis_latest(url.replace("+pubsub", "", 1), group)
+        return await _redis_latest(url.replace("+pubsub", "", 1), group, consumer, deadline)
     if scheme == "kafka":
         from debatebus.transports.kafka.settings import url_options
 
-        return await _kafka_latest(url_options(url)[0], group)
+        return await _kafka_latest(url_options(url)[0], group, consumer, deadline)
     if scheme == "memory":
         raise ConfigError("memory:// lives inside one process: no other process can see its "
                           "heartbeats; check a worker on Redis or Kafka")
     raise ConfigError(f"unsupported broker URL {redact(url)!r}: use redis://, redis+pubsub:// or kafka://")
 
 
-async def _redis_latest(url: str, group: str) -> Beat | None:
+async def _bounded(deadline: float, work: Callable[[], Awaitable[Beat | None]],
+                   close: Callable[[], Awaitable[object]]) -> Beat | None:
+    """``work()`` then ``close()``, both done by ``deadline`` (loop time): the work may use all
+    but a last slice of the time left (a tenth, at most ``_CLOSE_S``), kept for closing, which
+    is given up at the deadline (the process is about to exit, or the caller to go on)."""
+    left = deadline - asyncio.get_running_loop().time()
+    try:
+        async with asyncio.timeout_at(deadline - min(_CLOSE_S, left / 10)):
+            return await work()
+    finally:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await close()
+
+
+async def _redis_latest(url: str, group: str, consumer: str | None,
+                        deadline: float) -> Beat | None:
     from debatebus.transports.redis_common import build_client, describe, map_redis_errors
 
-    client = build_client(url, connect_timeout=5.0)
-    try:
+    left = deadline - asyncio.get_running_loop().time()
+    client = build_client(url, connect_timeout=max(0.1, min(5.0, left)))
+
+    async def newest() -> Beat | None:
         with map_redis_errors(describe(url)):
-            from_key = _Live(group).pick(_decode(await client.get(heartbeat_key(group))))
-            return _newest([from_key, await _scan_stream(client, group)])
-    finally:
-        await client.aclose()
+            raw = await client.get(heartbeat_key(group, consumer))
+            from_key = _Live(group, consumer).pick(_decode(raw))
+            return _newest([from_key, await _scan_stream(client, _Live(group, consumer))])
+
+    return await _bounded(deadline, newest, client.aclose)
 
 
-async def _scan_stream(client: RedisClient, group: str) -> Beat | None:
+async def _scan_stream(client: RedisClient, live: _Live) -> Beat | None:
     """Newest first, page by page: other groups' beats may sit on top of this group's."""
     end = "+"
-    live = _Live(group)
     for _ in range(_MAX_PAGES):
         entries: Any = await client.xrevrange(HEARTBEAT_TOPIC, end, "-", count=_PAGE)
         for _id, fields in entries:
             beat = live.pick(_decode(fields.get(b"envelope")))
-            if beat is not None:
+            if beat is not None or live.done:
                 return beat
         if len(entries) < _PAGE:
             return None
@@ -207,25 +242,33 @@ async def _scan_stream(client: RedisClient, group: str) -> Beat | None:
     return None
 
 
-async def _kafka_latest(servers: str, group: str) -> Beat | None:
+async def _kafka_latest(servers: str, group: str, consumer: str | None,
+                        deadline: float) -> Beat | None:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.errors import KafkaError
 
     from debatebus.transports.kafka import kafka_topic
 
+    left_ms = int((deadline - asyncio.get_running_loop().time()) * 1000)
+    # No request of the reader's may outlive the check (aiokafka's default waits 40 s).
     reader = AIOKafkaConsumer(bootstrap_servers=servers, group_id=None,
-                              enable_auto_commit=False, client_id="debatebus-check")
-    try:
-        await reader.start()
-        return await _kafka_newest(reader, kafka_topic(HEARTBEAT_TOPIC), group)
-    except KafkaError as exc:
-        raise TransportError(f"Kafka at {servers}: reading heartbeats failed "
-                             f"({type(exc).__name__}: {exc}); is a broker listening there?") from exc
-    finally:
-        await reader.stop()
+                              enable_auto_commit=False, client_id="debatebus-check",
+                              request_timeout_ms=max(1000, left_ms), fetch_max_wait_ms=100)
+
+    async def newest() -> Beat | None:
+        try:
+            await reader.start()
+            return await _kafka_newest(reader, kafka_topic(HEARTBEAT_TOPIC), group, consumer)
+        except KafkaError as exc:
+            raise TransportError(f"Kafka at {servers}: reading heartbeats failed "
+                                 f"({type(exc).__name__}: {exc}); is a broker listening "
+                                 "there?") from exc
+
+    return await _bounded(deadline, newest, reader.stop)
 
 
-async def _kafka_newest(reader: Any, topic: str, group: str) -> Beat | None:
+async def _kafka_newest(reader: Any, topic: str, group: str, consumer: str | None,
+                        ) -> Beat | None:
     from aiokafka import TopicPartition
 
     if topic not in await reader.topics():
@@ -233,23 +276,22 @@ async def _kafka_newest(reader: Any, topic: str, group: str) -> Beat | None:
     tps = [TopicPartition(topic, p) for p in sorted(reader.partitions_for_topic(topic) or ())]
     reader.assign(tps)
     begins, ends = await reader.beginning_offsets(tps), await reader.end_offsets(tps)
-    return _newest([await _partition_newest(reader, tp, begins[tp], ends[tp], group)
-                    for tp in tps])
+    return _newest([await _partition_newest(reader, tp, begins[tp], ends[tp],
+                                            _Live(group, consumer)) for tp in tps])
 
 
-async def _partition_newest(reader: Any, tp: Any, begin: int, end: int, group: str) -> Beat | None:
+async def _partition_newest(reader: Any, tp: Any, begin: int, end: int, live: _Live) -> Beat | None:
     """Pages back from the end: a group's beats all land on one partition (keyed by group), and
     its newest is near that partition's end unless other groups share it."""
     high = end
-    live = _Live(group)
     for _ in range(_MAX_PAGES):
-        if high <= begin:
+        if high <= begin or live.done:
             return None
         low = max(begin, high - _PAGE)
         values = await _read_offsets(reader, tp, low, high)
         for value in reversed(values):
             found = live.pick(_decode(value))
-            if found is not None:
+            if found is not None or live.done:
                 return found
         high = low
     return None

@@ -55,7 +55,8 @@ def broker_url(value: str | None = None) -> str:
 def transport_from_url(url: str, **options: Any) -> Transport:
     """``redis://`` and ``rediss://`` → Redis Streams; ``redis+pubsub://`` → Synkro-compatible
     pub/sub; ``kafka://host:port[,host:port][?partitions=N]`` → Kafka; ``memory://`` →
-    in-process."""
+    in-process. On Redis and Kafka, ``?topic_retention=7d`` sets ``topic_retention_s``;
+    ``options`` (the transport's keyword arguments) win over the URL's."""
     scheme = _scheme(url)
     if scheme == "memory":
         return MemoryTransport(options.pop("broker", None))

@@ -96,9 +96,11 @@ def refuse_partitions(transport: Transport, partitions: Sequence[int] | None) ->
                           "partitions are Kafka's")
 
 
-def heartbeat_key(group: str) -> str:
-    """The Redis key holding a group's newest heartbeat (Redis pub/sub workers)."""
-    return f"{HEARTBEAT_TOPIC}:{group}"
+def heartbeat_key(group: str, consumer: str | None = None) -> str:
+    """The Redis key holding a group's newest heartbeat, or one consumer's newest (Redis pub/sub
+    workers)."""
+    key = f"{HEARTBEAT_TOPIC}:{group}"
+    return key if consumer is None else f"{key}:consumer:{consumer}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ from redis.exceptions import DataError
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.redaction import redact
+from debatebus.retention import TOPIC_RETENTION_PARAM, take_retention
 from debatebus.transports.base import Delivery
 
 try:
@@ -171,8 +172,10 @@ def is_cluster(client: RedisClient | None) -> TypeGuard[RedisCluster]:
 def build_client(url: str, *, connect_timeout: float) -> RedisClient:
     """A client for ``url`` with bytes replies (bodies are never decoded) and short retries, so an
     unreachable broker fails in about a second, not after redis-py's default backoff (~7 s).
-    ``?cluster=true``: a ``RedisCluster`` seeded from the URL's hosts (it finds the other nodes)."""
-    plain, cluster = split_cluster(url)
+    ``?cluster=true``: a ``RedisCluster`` seeded from the URL's hosts (it finds the other nodes).
+    A ``topic_retention`` parameter (the Streams transport's) is left out: the bus's URL builds
+    the default checkpoint store's and ``debatebus check``'s clients too."""
+    plain, cluster = split_cluster(take_retention(url, TOPIC_RETENTION_PARAM)[0])
     plain, seeds = split_seeds(plain)
     if len(seeds) > 1 and not cluster:
         raise ConfigError(f"invalid Redis URL {redact(url)!r}: several hosts name the seeds of a "

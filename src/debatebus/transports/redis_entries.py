@@ -44,8 +44,8 @@ DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
 # pending in the group (any consumer's). Returns 1, or 0 when it was settled already (a retried
 # ack whose first reply was lost, or another consumer's ack of an entry both held): then nothing
 # is published. The types are checked before the first write, since Redis does not roll back a
-# script that fails half-way. ARGV: group, entry id, then per output stream: MAXLEN ('' for none),
-# the number of field/value arguments, those arguments.
+# script that fails half-way. ARGV: group, entry id, the MINID each XADD trims to ('' for none),
+# then per output stream: the number of field/value arguments, those arguments.
 # Redis Cluster: a script's keys must share one hash slot, so a request stream, its result streams
 # and its dead-letter stream must be hash-tagged alike there.
 SETTLE = """
@@ -56,15 +56,15 @@ for i = 2, #KEYS do
     return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a stream')
   end
 end
-local at = 3
+local at = 4
 for i = 2, #KEYS do
   local command = {'XADD', KEYS[i]}
-  if ARGV[at] ~= '' then command[3], command[4], command[5] = 'MAXLEN', '~', ARGV[at] end
+  if ARGV[3] ~= '' then command[3], command[4], command[5] = 'MINID', '~', ARGV[3] end
   command[#command + 1] = '*'
-  local count = tonumber(ARGV[at + 1])
-  for j = at + 2, at + 1 + count do command[#command + 1] = ARGV[j] end
+  local count = tonumber(ARGV[at])
+  for j = at + 1, at + count do command[#command + 1] = ARGV[j] end
   redis.call(unpack(command))
-  at = at + 2 + count
+  at = at + 1 + count
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return 1

@@ -1,5 +1,6 @@
 """The consumer side of the Redis Streams transport: its *seats* in consumer groups, the reads
-(``XREADGROUP``, ``XAUTOCLAIM``) and the keep-alive of what it holds. The wire format and the
+(``XREADGROUP``, ``XAUTOCLAIM``), the keep-alive of what it holds, and trimming the streams it
+reads by age (``XTRIM … MINID``, when it starts and every ``trim_every_s``). The wire format and the
 rules are ``redis_streams``' (its module docstring); ``RedisStreamsTransport`` is the public face.
 
 ``StreamsLink`` is what the transport and its consumer side share: the client once connected,
@@ -90,10 +91,13 @@ class ConsumerGroups:
     an error carries on with what is held), and ``start``/``stop`` run the keep-alive."""
 
     def __init__(self, link: StreamsLink, *, claim_idle_ms: int,
-                 submit: Callable[[Sequence[Command]], Awaitable[list[Any]]]) -> None:
+                 submit: Callable[[Sequence[Command]], Awaitable[list[Any]]],
+                 trim: Callable[[], tuple[Any, ...]], trim_every_s: float) -> None:
         self._link = link
         self._claim_idle_ms = claim_idle_ms
         self._submit = submit  # pipelined with the transport's other commands of the tick
+        self._trim = trim  # XTRIM's arguments now (the transport's retention); () for none
+        self._trim_every_s = trim_every_s
         self._seats: dict[tuple[str, str, str], Seat] = {}
         self._keepalive: asyncio.Task[None] | None = None
 
@@ -147,10 +151,13 @@ class ConsumerGroups:
         several = (SlotReads([functools.partial(self._read_new, part, prefetch) for part in slots])
                    if len(slots) > 1 else None)
         batch: list[Delivery] = []
-        next_claim = 0.0
+        next_claim = next_trim = 0.0
         try:
             while not self._link.closed:
                 try:
+                    if next_trim <= time.monotonic():
+                        next_trim = time.monotonic() + self._trim_every_s
+                        await self._trim_streams(seats)
                     if next_claim <= time.monotonic() or any(seat.claim_due for seat in seats):
                         next_claim = time.monotonic() + self._claim_idle_ms / 2000
                         batch = await self._reclaim(seats, _room(seats, prefetch))
@@ -177,6 +184,13 @@ class ConsumerGroups:
             # Read but never handed out: left pending, reclaimed after claim_idle_ms.
             for delivery in batch:
                 delivery.token.inflight.discard(delivery.id)
+
+    async def _trim_streams(self, seats: list[Seat]) -> None:
+        """Trim the streams read by age, as every ``XADD`` of debatebus does: requests from
+        producers that add without trimming age out too."""
+        trim = self._trim()
+        if trim:
+            await self._submit([("XTRIM", seat.key, *trim) for seat in seats])
 
     async def _read_new(self, seats: list[Seat], prefetch: int) -> list[Delivery]:
         streams = {seat.key: ">" for seat in seats}

@@ -29,6 +29,11 @@ every node, so Synkro apps that ``PUBLISH`` reach debatebus workers subscribed o
 streams are cluster-keyed like the Streams transport's. Synkro's claim runs as single-key steps
 there (see ``synkro``).
 
+Databases: Redis pub/sub ignores the db number of the URL. Channels belong to the server, so a
+worker on ``/1`` and one on ``/10`` of one Redis both get every ``PUBLISH``; the db scopes only the
+keys (Synkro's, the dead-letter streams, heartbeats). A transport given a db other than 0 logs a
+WARNING once, when it first connects. Keep fleets apart by event type or by Redis server.
+
 Outages: ``consume`` raises ``TransportError`` when the connection is lost for good or Redis stops
 answering (a quiet subscription is checked with ``PING`` after ``command_timeout / 2``); calling
 it again subscribes again. What is published while nobody is subscribed is gone: at-most-once.
@@ -47,6 +52,12 @@ from redis import exceptions as redis_errors
 from redis.asyncio.client import PubSub
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.retention import (
+    DEFAULT_RETENTION_S,
+    TOPIC_RETENTION_PARAM,
+    retention_ms,
+    take_retention,
+)
 from debatebus.transports.base import Delivery, Outgoing, Transport, heartbeat_key
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 from debatebus.transports.redis_cluster import Batcher, make_batcher
@@ -59,6 +70,7 @@ from debatebus.transports.redis_common import (
     cluster_url,
     describe,
     is_cluster,
+    log,
     merge,
     redis_call,
 )
@@ -82,13 +94,20 @@ class RedisPubSubTransport(Transport):
     how long a listener waits before noticing ``close`` or a requeued message. ``synkro``:
     Synkro's lock, dedupe and metrics TTLs and dead-letter switch (``SynkroSettings``, Synkro's
     defaults); None for debatebus's own rules on this channel (every worker answers).
+    ``topic_retention_s`` (else the URL's ``?topic_retention=``): how long the dead-letter streams
+    keep their entries, as on Redis Streams.
     """
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, connect_timeout: float = 5.0,
                  command_timeout: float = 10.0, client: RedisClient | None = None,
-                 poll_ms: int = 100, synkro: SynkroSettings | None = SYNKRO_DEFAULTS) -> None:
+                 poll_ms: int = 100, synkro: SynkroSettings | None = SYNKRO_DEFAULTS,
+                 topic_retention_s: float | None = None) -> None:
         if client is not None:
             check_client(client)
+        url, from_url = take_retention(url, TOPIC_RETENTION_PARAM)
+        self._topic_retention_s = (topic_retention_s if topic_retention_s is not None
+                                   else from_url if from_url is not None else DEFAULT_RETENTION_S)
+        retention_ms(self._topic_retention_s, name="topic_retention_s")  # ConfigError now
         self._url = url
         self._connect_timeout = connect_timeout
         self._timeout = command_timeout
@@ -103,6 +122,7 @@ class RedisPubSubTransport(Transport):
         #: Requeued and released deliveries by the topics consumed, waiting to be handed out again.
         self._requeued: dict[tuple[str, ...], deque[Delivery]] = {}
         self._closed = False
+        self._db_told = False
         cluster = is_cluster(client) if client is not None else cluster_url(url)
         self._synkro = (SynkroDialect(synkro, lambda: self._parts()[1], cluster=cluster)
                         if synkro is not None else None)
@@ -119,11 +139,28 @@ class RedisPubSubTransport(Transport):
         async with redis_call(self._where, self._timeout):
             await self._client.ping()
         self._closed = False
+        self._tell_db(self._client)
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
-                                           block_ms=max(1, int(self._poll_s * 1000)))
+                                           block_ms=max(1, int(self._poll_s * 1000)),
+                                           topic_retention_s=self._topic_retention_s)
         await self._dead.connect()
         self._batcher = make_batcher(self._client, self._where, timeout=self._timeout)
         self._batcher.start()
+
+    def _tell_db(self, client: RedisClient) -> None:
+        """One WARNING, the first time this transport connects, if its db is not 0: pub/sub
+        channels ignore it (a cluster has db 0 only)."""
+        if self._db_told or is_cluster(client):
+            return
+        self._db_told = True
+        db = int(client.get_connection_kwargs().get("db") or 0)
+        if db:
+            log.warning(
+                "Redis pub/sub ignores the db number: channels belong to the whole server, so "
+                "on %s this transport hears and reaches every PUBLISH of every db, not only db %d's "
+                "(the db scopes only its keys: Synkro's locks and dedupe keys, dead letters, "
+                "heartbeats); keep fleets apart with their own event types or their own Redis",
+                self._where, db)
 
     async def close(self) -> None:
         self._closed = True
@@ -144,15 +181,23 @@ class RedisPubSubTransport(Transport):
 
     async def write_heartbeat(self, group: str, consumer: str, beat: bytes, *,
                               interval_s: float, last: bool = False) -> None:
-        """Pub/sub keeps no messages: the key ``heartbeat_key(group)``, SET with an expiry that
-        outlives ``debatebus check``'s window by far (a dead worker reads as stale, not absent).
-        A last beat deletes the key if it holds this consumer's beat (another worker's stays)."""
+        """Pub/sub keeps no messages: the keys ``heartbeat_key(group)`` (the group's newest beat)
+        and ``heartbeat_key(group, consumer)`` (this consumer's, for ``check --consumer``), SET
+        with an expiry that outlives ``debatebus check``'s window by far (a dead worker reads as
+        stale, not absent). A last beat deletes this consumer's key, and the group's if it holds
+        this consumer's beat (another worker's stays)."""
         client, _, _ = self._parts()
-        key = heartbeat_key(group)
+        key, own = heartbeat_key(group), heartbeat_key(group, consumer)
         async with redis_call(self._where, self._timeout):
             if not last:
-                await client.set(key, beat, ex=max(60, int(interval_s * 10)))
-            elif _consumer_of(await client.get(key)) == consumer:
+                expiry = max(60, int(interval_s * 10))
+                pipe = client.pipeline(transaction=False)
+                pipe.set(key, beat, ex=expiry)
+                pipe.set(own, beat, ex=expiry)
+                await pipe.execute()
+                return
+            await client.delete(own)
+            if _consumer_of(await client.get(key)) == consumer:
                 await client.delete(key)
 
     def _parts(self) -> tuple[RedisClient, Batcher, RedisStreamsTransport]:

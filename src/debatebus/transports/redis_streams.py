@@ -16,6 +16,11 @@ Wire format (what any client in any language reads and writes):
   by a live one (``XAUTOCLAIM``), with its real delivery count. Live consumers refresh the idle
   time of what they hold every ``claim_idle_ms / 3``, so a debate that runs for minutes is never
   taken over while its worker is alive;
+* every stream debatebus writes to (requests, results, dead letters, events) is trimmed by age:
+  each ``XADD`` carries ``MINID ~ <now - topic_retention_s>``, and a consumer trims the streams
+  it reads the same way (``XTRIM``) when it starts and then every tenth of the retention (at most
+  every minute), so requests from producers that never trim age out too. Redis drops whole nodes
+  of old entries, pending or not: see the rule in docs/operations.md ("Retention");
 * a dead letter is an entry of ``{type}:dlq`` with the fields ``envelope`` (the original bytes,
   untouched), ``key``/``headers`` when the original had them, ``reason``, ``origin`` (the stream),
   ``originId`` and ``deliveries``. Reading it back maps those four into the headers
@@ -45,13 +50,20 @@ The consumer side (seats, reads, reclaiming, the keep-alive) is ``redis_groups``
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Final
 
 from redis import exceptions as redis_errors
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.loops import SharedCall
+from debatebus.retention import (
+    DEFAULT_RETENTION_S,
+    TOPIC_RETENTION_PARAM,
+    retention_ms,
+    take_retention,
+)
 from debatebus.transports.base import (
     HEARTBEAT_STREAM_MAXLEN,
     HEARTBEAT_TOPIC,
@@ -98,11 +110,34 @@ __all__ = [
     "ORIGIN_HEADER",
     "ORIGIN_ID_HEADER",
     "REASON_HEADER",
+    "RETENTION_CLAIM_FACTOR",
     "RedisStreamsTransport",
     "entry_to_delivery",
 ]
 
 _RANGE_PAGE = 500
+#: The retention must be at least this many times ``claim_idle_ms``: a pending entry older than
+#: the retention is trimmed, so one retention must outlast many claim periods.
+RETENTION_CLAIM_FACTOR: Final = 10
+#: How often a consumer trims the streams it reads, at most (seconds): a tenth of the retention,
+#: when that is shorter.
+_TRIM_EVERY_S: Final = 60.0
+
+
+def _keep_ms(retention_s: float, claim_idle_ms: int) -> int | None:
+    """The stream retention in ms (None: never trim), checked against ``claim_idle_ms``."""
+    keep_ms = retention_ms(retention_s, name="topic_retention_s")
+    if keep_ms is not None and keep_ms < RETENTION_CLAIM_FACTOR * claim_idle_ms:
+        raise ConfigError(
+            f"topic_retention_s={retention_s:g} is too short for claim_idle_ms={claim_idle_ms}: "
+            f"entries older than the retention are trimmed even while pending, so keep it at "
+            f"least {RETENTION_CLAIM_FACTOR} × claim_idle_ms (in practice, days)")
+    return keep_ms
+
+
+def _trim_every_s(keep_ms: int | None) -> float:
+    """How often a consumer trims what it reads: a tenth of the retention, at most a minute."""
+    return _TRIM_EVERY_S if keep_ms is None else min(_TRIM_EVERY_S, keep_ms / 10_000)
 
 
 class RedisStreamsTransport(Transport):
@@ -113,26 +148,34 @@ class RedisStreamsTransport(Transport):
     ``close``, and keeps its own
     ``socket_timeout`` (redis-py's default is 5 s: keep ``block_ms`` below it).
     ``command_timeout`` bounds every call but the blocking reads, which get ``block_ms`` more.
+    ``topic_retention_s``: how long stream entries are kept (``DEFAULT_RETENTION_S``, 7 days, as
+    checkpoints; ``math.inf`` never trims), else the URL's ``?topic_retention=`` (``2d``, ``12h``,
+    ``3600``, ``never``). It must be at least ``RETENTION_CLAIM_FACTOR × claim_idle_ms``, and in
+    practice far more: an entry older than the retention is trimmed even while pending.
     """
 
     def __init__(self, url: str = "redis://localhost:6379/0", *, claim_idle_ms: int = 30_000,
-                 block_ms: int = 1_000, max_len: int | None = None, connect_timeout: float = 5.0,
-                 command_timeout: float = 10.0, client: RedisClient | None = None) -> None:
+                 block_ms: int = 1_000, topic_retention_s: float | None = None,
+                 connect_timeout: float = 5.0, command_timeout: float = 10.0,
+                 client: RedisClient | None = None) -> None:
         if claim_idle_ms < 10 or block_ms < 1:
             raise ConfigError("claim_idle_ms must be >= 10 and block_ms >= 1")
         if client is not None:
             check_client(client)
+        url, from_url = take_retention(url, TOPIC_RETENTION_PARAM)
+        self._keep_ms = _keep_ms(topic_retention_s if topic_retention_s is not None
+                                 else from_url if from_url is not None else DEFAULT_RETENTION_S,
+                                 claim_idle_ms)
         self._url = url
         self._connect_timeout = connect_timeout
-        self._trim: tuple[Any, ...] = ("MAXLEN", "~", max_len) if max_len else ()
-        self._max_len: int | str = max_len or ""  # the settle script's form: '' for none
         self._owns_client = client is None
         cluster = is_cluster(client) if client is not None else cluster_url(url)
         self._link = StreamsLink(describe(url, client), command_timeout, block_ms, cluster,
                                  stream_key_rule(cluster), client)
         self._key = self._link.key
         self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms,
-                                      submit=lambda commands: self._submit_to().submit(commands))
+                                      submit=lambda commands: self._submit_to().submit(commands),
+                                      trim=self._trim, trim_every_s=_trim_every_s(self._keep_ms))
         self._batcher: Batcher | None = None
         self._load_settle = SharedCall(self._load_settle_script)
 
@@ -171,8 +214,20 @@ class RedisStreamsTransport(Transport):
 
     # -- publishing and settling -----------------------------------------------------------------
 
+    def _min_id(self) -> str:
+        """The oldest entry id kept now: now − the retention ('' when nothing is trimmed)."""
+        if self._keep_ms is None:
+            return ""
+        return f"{time.time_ns() // 1_000_000 - self._keep_ms}-0"
+
+    def _trim(self) -> tuple[Any, ...]:
+        """``XADD``/``XTRIM`` arguments dropping entries older than the retention, a whole node of
+        the stream at a time (``~``: cheap, and it keeps a few older entries)."""
+        min_id = self._min_id()
+        return ("MINID", "~", min_id) if min_id else ()
+
     def _xadd(self, topic: str, fields: list[Any]) -> tuple[Any, ...]:
-        return ("XADD", self._key(topic), *self._trim, "*", *fields)
+        return ("XADD", self._key(topic), *self._trim(), "*", *fields)
 
     async def publish(self, message: Outgoing) -> str:
         command = self._xadd(message.topic, message_fields(message.body, message.key, message.headers))
@@ -184,15 +239,15 @@ class RedisStreamsTransport(Transport):
         group; if it is not (settled already, e.g. by this same ack whose reply was lost),
         publish nothing. Idempotent: safe to retry after a ``TransportError``. Until it succeeds
         the entry stays held (kept alive): retry it, or ``release`` it."""
-        await self._settle(delivery, [(r.topic, self._max_len,
-                                       message_fields(r.body, r.key, r.headers)) for r in results])
+        await self._settle(delivery, [(r.topic, message_fields(r.body, r.key, r.headers))
+                                      for r in results])
 
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
         """``requeue``: let go of the entry now, so the next ``XAUTOCLAIM`` (this consumer's or
         another's) hands it out again, counted. Otherwise write the dead letter and acknowledge,
         as ``ack`` does (same pending check, same retry rules)."""
         if not requeue:
-            await self._settle(delivery, [(dlq_topic(delivery.topic), "",  # never trimmed
+            await self._settle(delivery, [(dlq_topic(delivery.topic),
                                            self._dead_letter_fields(delivery, reason))])
             return
         await self._groups.requeue(delivery)
@@ -202,16 +257,15 @@ class RedisStreamsTransport(Transport):
         takes it once it has been idle for ``claim_idle_ms``."""
         self._groups.release(delivery)
 
-    async def _settle(self, delivery: Delivery, outputs: Sequence[tuple[str, int | str, list[Any]]],
-                      ) -> None:
-        """Run the settle script: ``outputs`` are (stream, MAXLEN or '', fields) to publish."""
+    async def _settle(self, delivery: Delivery, outputs: Sequence[tuple[str, list[Any]]]) -> None:
+        """Run the settle script: ``outputs`` are (stream, fields) to publish, trimmed by age."""
         seat = seat_of(delivery)
-        keys = [seat.key, *(self._key(topic) for topic, _, _ in outputs)]
+        keys = [seat.key, *(self._key(topic) for topic, _ in outputs)]
         if self._link.cluster:
             check_one_slot(keys, "a request stream and what its settle publishes")
-        args: list[Any] = [seat.group, delivery.id]
-        for _, max_len, fields in outputs:
-            args += (max_len, len(fields), *fields)
+        args: list[Any] = [seat.group, delivery.id, self._min_id()]
+        for _, fields in outputs:
+            args += (len(fields), *fields)
         command = ("EVALSHA", SETTLE_SHA, len(keys), *keys, *args)
         settled = await evalsha(self._submit_to(), command, self._load_settle)
         seat.inflight.discard(delivery.id)
@@ -230,8 +284,7 @@ class RedisStreamsTransport(Transport):
     async def dead_letter(self, delivery: Delivery, reason: str) -> str:
         """Write ``delivery`` to ``{topic}:dlq`` without acknowledging anything: for messages that
         did not come from a consumer group (Redis pub/sub keeps its dead letters here)."""
-        command = ("XADD", self._key(dlq_topic(delivery.topic)), "*",  # never trimmed
-                   *self._dead_letter_fields(delivery, reason))
+        command = self._xadd(dlq_topic(delivery.topic), self._dead_letter_fields(delivery, reason))
         (entry_id,) = await self._submit_to().submit([command])
         return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
 

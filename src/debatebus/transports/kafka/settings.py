@@ -9,6 +9,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl
 
 from debatebus.exceptions import ConfigError
+from debatebus.retention import TOPIC_RETENTION_PARAM, parse_retention, retention_ms
 from debatebus.transports.kafka.partitioner import partition
 
 __all__ = ["POLL_MS", "URL_OPTIONS", "KafkaSettings", "parse_servers", "url_options"]
@@ -17,19 +18,24 @@ POLL_MS: Final = 200  # how long one getmany waits when idle; bounds a fetch loo
 
 
 #: What a ``kafka://`` URL's query may set: every client of a bus shares its URL, and so these.
-URL_OPTIONS: Final = ("partitions", "replication_factor")
+URL_OPTIONS: Final = ("partitions", "replication_factor", TOPIC_RETENTION_PARAM)
 
 
-def url_options(url: str) -> tuple[str, dict[str, int]]:
-    """The servers and topic options of ``kafka://h1:p1[,h2:p2][?partitions=N&replication_factor=M]``
-    (the topics a transport creates get these; existing topics keep theirs)."""
+def url_options(url: str) -> tuple[str, dict[str, Any]]:
+    """The servers and topic options of
+    ``kafka://h1:p1[,h2:p2][?partitions=N&replication_factor=M&topic_retention=7d]`` as
+    ``KafkaTransport`` keyword arguments (the topics a transport creates get these; existing
+    topics keep theirs)."""
     rest = url.split("://", 1)[1]
     hosts, _, query = rest.partition("?")
-    options: dict[str, int] = {}
+    options: dict[str, Any] = {}
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name not in URL_OPTIONS:
             raise ConfigError(f"unknown kafka:// URL parameter {name!r}: use "
-                              f"{' or '.join(URL_OPTIONS)}")
+                              f"{', '.join(URL_OPTIONS)}")
+        if name == TOPIC_RETENTION_PARAM:
+            options["topic_retention_s"] = parse_retention(value, param=name)
+            continue
         try:
             options[name] = int(value)
         except ValueError:
@@ -55,6 +61,7 @@ class KafkaSettings:
     servers: str  # comma-separated host:port pairs: see ``parse_servers``
     partitions: int
     replication_factor: int
+    topic_retention_s: float
     connect_timeout: float
     request_timeout: float
     session_timeout_ms: int
@@ -69,6 +76,7 @@ class KafkaSettings:
     def __post_init__(self) -> None:
         if self.partitions < 1 or self.replication_factor < 1:
             raise ConfigError("partitions and replication_factor must be at least 1")
+        retention_ms(self.topic_retention_s, name="topic_retention_s")
         if self.linger_ms < 0:
             raise ConfigError(f"linger_ms must be at least 0, not {self.linger_ms}")
 
@@ -76,6 +84,12 @@ class KafkaSettings:
     def revoke_grace(self) -> float:
         """``revoke_grace_ms`` in seconds."""
         return self.revoke_grace_ms / 1000
+
+    @property
+    def topic_configs(self) -> dict[str, str]:
+        """The configs of the topics this transport creates: ``retention.ms`` (-1: kept forever)."""
+        keep_ms = retention_ms(self.topic_retention_s, name="topic_retention_s")
+        return {"retention.ms": str(-1 if keep_ms is None else keep_ms)}
 
     @property
     def fetch_options(self) -> dict[str, Any]:

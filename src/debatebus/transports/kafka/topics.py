@@ -1,5 +1,6 @@
 """Which topics exist, and creating the missing ones with the admin client before first use,
-never left to broker auto-creation (which would pick its own partition count)."""
+never left to broker auto-creation (which would pick its own partition count and retention):
+each with the transport's partitions, replication factor and ``retention.ms``."""
 
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ class Topics:
 
     async def _create(self, admin: AIOKafkaAdminClient, names: list[str]) -> None:
         settings = self.settings
-        new = [NewTopic(n, settings.partitions, settings.replication_factor) for n in names]
+        new = [NewTopic(n, settings.partitions, settings.replication_factor,
+                        topic_configs=settings.topic_configs) for n in names]
         response = await self._request(f"creating topics {', '.join(names)}",
                                        functools.partial(admin.create_topics, new))
         refused = []

@@ -38,6 +38,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.retention import DEFAULT_RETENTION_S
 from debatebus.transports.base import Delivery, Outgoing, Transport
 from debatebus.transports.kafka.errors import (
     kafka_errors,
@@ -69,8 +70,10 @@ __all__ = ["KafkaTransport"]
 class KafkaTransport(Transport):
     """Kafka (or any Kafka-protocol broker) through aiokafka. See the module docstring.
 
-    ``bootstrap_servers``: ``"host:port"``, ``"h1:p1,h2:p2"`` or a list. ``partitions`` and
-    ``replication_factor`` apply to the topics this transport creates. ``revoke_grace_ms``: how
+    ``bootstrap_servers``: ``"host:port"``, ``"h1:p1,h2:p2"`` or a list. ``partitions``,
+    ``replication_factor`` and ``topic_retention_s`` (their ``retention.ms``: 7 days by default,
+    as checkpoints; ``math.inf`` keeps records forever) apply to the topics this transport
+    creates; topics that exist keep their own. ``revoke_grace_ms``: how
     long a rebalance waits for in-flight deliveries of revoked partitions to be settled before
     committing and letting go (longer ones are redelivered to the new owner). ``linger_ms``: how
     long a produced record waits for others to share its request (fewer, larger requests: less
@@ -87,6 +90,7 @@ class KafkaTransport(Transport):
         *,
         partitions: int = 3,
         replication_factor: int = 1,
+        topic_retention_s: float = DEFAULT_RETENTION_S,
         connect_timeout: float = 10.0,
         request_timeout: float = 30.0,
         session_timeout_ms: int = 10_000,
@@ -100,7 +104,8 @@ class KafkaTransport(Transport):
     ) -> None:
         self.settings = KafkaSettings(
             servers=parse_servers(bootstrap_servers), partitions=partitions,
-            replication_factor=replication_factor, connect_timeout=connect_timeout,
+            replication_factor=replication_factor, topic_retention_s=topic_retention_s,
+            connect_timeout=connect_timeout,
             request_timeout=request_timeout, session_timeout_ms=session_timeout_ms,
             heartbeat_interval_ms=heartbeat_interval_ms, max_poll_interval_ms=max_poll_interval_ms,
             revoke_grace_ms=revoke_grace_ms, fetch_max_wait_ms=fetch_max_wait_ms,
