@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["Backoff"]
+__all__ = ["Backoff", "redelivery_delay"]
 
 
 class Backoff:
@@ -23,3 +23,12 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+def redelivery_delay(deliveries: int, base_s: float = 0.5, cap_s: float = 30.0) -> float:
+    """How long a message handed back after its ``deliveries``-th delivery waits before it is
+    handed out again, where the transport decides (Redis pub/sub keeps the copy itself): uniform
+    in [c/2, c] for c = min(cap_s, base_s × 2ⁿ⁻¹), so a request that meets a passing fault (a
+    second of Redis trouble) reaches its delivery limit only after seconds, not at once."""
+    ceiling = min(cap_s, base_s * 2 ** min(max(deliveries - 1, 0), 16))
+    return random.uniform(ceiling / 2, ceiling)

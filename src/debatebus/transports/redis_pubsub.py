@@ -20,7 +20,7 @@ transport's format (see ``redis_streams``), and ``publish``/``subscribe`` on a `
 use that stream too. (Synkro's dead-letter list ``synkro:dlq:{type}`` holds failed requests: see
 the dialect.) ``reject(requeue=True)`` and ``release`` hand the message back to ``consume`` on
 the same topics, in this process only (kept across a ``consume`` that failed and was called
-again).
+again), after a delay that grows with its deliveries (``backoff.redelivery_delay``).
 
 Redis Cluster (``?cluster=true``): classic ``PUBLISH``/``SUBSCRIBE``, which a cluster relays to
 every node, so Synkro apps that ``PUBLISH`` reach debatebus workers subscribed on any node (sharded
@@ -41,6 +41,7 @@ it again subscribes again. What is published while nobody is subscribed is gone:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -51,6 +52,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio.client import PubSub
 
+from debatebus.backoff import redelivery_delay
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.retention import (
     DEFAULT_RETENTION_S,
@@ -242,14 +244,17 @@ class RedisPubSubTransport(Transport):
         self.release(delivery)
 
     def release(self, delivery: Delivery) -> None:
-        """Hand the message out again from ``consume``, counted: Redis kept no copy of it. Its
-        Synkro lock, if it holds one, is let go, so the copy handed out can claim it again."""
+        """Hand the message out again from ``consume``, counted, after ``redelivery_delay``
+        (Redis kept no copy of it): a fault that passes within seconds does not use up its
+        deliveries at once. Its Synkro lock, if it holds one, is let go, so the copy handed out
+        can claim it again."""
         if self._synkro is not None:
             self._synkro.let_go(delivery)
         if isinstance(delivery.token, deque):
-            delivery.token.append(Delivery(delivery.topic, delivery.body, delivery.id,
-                                           delivery.deliveries + 1, delivery.key,
-                                           delivery.headers, delivery.token))
+            again = Delivery(delivery.topic, delivery.body, delivery.id, delivery.deliveries + 1,
+                             delivery.key, delivery.headers, delivery.token)
+            asyncio.get_running_loop().call_later(redelivery_delay(delivery.deliveries),
+                                                  delivery.token.append, again)
 
     async def consume(self, topics: Sequence[str], *, group: str, consumer: str,
                       prefetch: int = 16) -> AsyncIterator[Delivery]:
