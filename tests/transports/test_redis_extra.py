@@ -29,6 +29,7 @@ from debatebus.exceptions import TransportError
 from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.redis_common import transport_error
+from debatebus.transports.redis_groups import seat_of
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 
@@ -494,3 +495,21 @@ async def test_pubsub_warns_once_that_channels_ignore_the_db(
     assert len(said) == 1
     assert said[0].levelname == "WARNING"
     assert "not only db 3's" in said[0].getMessage()
+
+
+async def test_reclaiming_counts_no_delivery_for_an_entry_this_consumer_still_works_on(
+        redis_server: RedisServer, raw: Redis, topic: str) -> None:
+    """Delivery counts rise only when an entry really goes to another consumer (or back to this
+    one after a release): an entry of this consumer's, idle because its loop stalled past a
+    keep-alive, is passed over by the reclaim without a delivery counted."""
+    async with RedisStreamsTransport(redis_server.url, claim_idle_ms=60_000) as streams:
+        await streams.publish(Outgoing(topic, b'{"requestId": "stalled", "payload": {}}'))
+        stream = streams.consume([topic], group="g", consumer="c1")
+        first = await asyncio.wait_for(anext(stream), 10)
+        # The loop stalled: the entry looks idle for longer than claim_idle_ms.
+        await raw.xclaim(topic, "g", "c1", 0, [first.id], idle=120_000, justid=True)
+        assert await streams._groups._reclaim([seat_of(first)], 10) == []
+        (pending,) = await raw.xpending_range(topic, "g", "-", "+", 1)
+        assert pending["times_delivered"] == 1, "a delivery was counted that never happened"
+        assert pending["time_since_delivered"] < 60_000  # the reclaim claimed it: refreshed
+        await stream.aclose()  # type: ignore[attr-defined]

@@ -234,22 +234,26 @@ class ConsumerGroups:
         return out
 
     async def _autoclaim(self, seat: Seat, limit: int) -> list[tuple[str, Any]]:
-        """Entries idle past ``claim_idle_ms`` in any consumer's pending list, now ours."""
+        """Entries idle past ``claim_idle_ms`` in any consumer's pending list, now ours.
+
+        Claimed by id first (``JUSTID``, which counts no delivery), so this consumer's own
+        entries still being worked on (its loop stalled past a keep-alive: the claim refreshes
+        them) are passed over without a delivery counted that never happened; the others are
+        then claimed with their fields, which counts their redelivery."""
         claimed: list[tuple[str, Any]] = []
         cursor: Any = "0-0"
         while len(claimed) < limit:
-            async with self._link.call():
-                reply: Any = await self._link.redis().xautoclaim(
-                    seat.key, seat.group, seat.consumer, self._claim_idle_ms,
-                    start_id=cursor, count=limit - len(claimed))
+            [reply] = await self._submit([(
+                "XAUTOCLAIM", seat.key, seat.group, seat.consumer, self._claim_idle_ms, cursor,
+                "COUNT", limit - len(claimed), "JUSTID")])
             cursor = reply[0]
-            for entry_id, fields in reply[1]:
-                if entry_id is None or fields is None:  # deleted entries (Redis 6.2 shape)
-                    continue
-                ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                # Ours and still being worked on (the loop stalled past a keepalive): skip it.
-                if ident not in seat.inflight:
-                    claimed.append((ident, fields))
+            fresh: list[Any] = [i for i in map(_text, reply[1]) if i not in seat.inflight]
+            if fresh:
+                async with self._link.call():
+                    entries: Any = await self._link.redis().xclaim(
+                        seat.key, seat.group, seat.consumer, 0, fresh)
+                claimed += ((_text(entry_id), fields) for entry_id, fields in entries
+                            if entry_id is not None and fields is not None)  # not deleted
             if cursor in (b"0-0", "0-0"):
                 break
         return claimed
@@ -300,3 +304,7 @@ class ConsumerGroups:
                 log.info("Redis at %s answers again: held entries are kept alive again",
                          self._link.where)
             failing = False
+
+
+def _text(entry_id: bytes | str) -> str:
+    return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
