@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -199,8 +198,8 @@ class RedisPubSubTransport(Transport):
                 await pipe.execute()
                 return
             await client.delete(own)
-            if _consumer_of(await client.get(key)) == consumer:
-                await client.delete(key)
+            # In one step: a GET then a DEL could delete a beat another worker wrote in between.
+            await client.eval(_DELETE_OWN_BEAT, 1, key, consumer)
 
     def _parts(self) -> tuple[RedisClient, Batcher, RedisStreamsTransport]:
         if self._client is None or self._batcher is None or self._dead is None or self._closed:
@@ -347,13 +346,16 @@ class _Liveness:
             self._pinged = now
 
 
-def _consumer_of(raw: bytes | str | None) -> object:
-    """The ``consumer`` of a stored heartbeat, or None for anything else."""
-    try:
-        beat = json.loads(raw) if raw else None
-    except ValueError:
-        return None
-    return beat.get("consumer") if isinstance(beat, dict) else None
+#: Deletes the group's newest beat (KEYS[1]) only if it is consumer ARGV[1]'s.
+_DELETE_OWN_BEAT = """
+local beat = redis.call('GET', KEYS[1])
+if not beat then return 0 end
+local ok, decoded = pcall(cjson.decode, beat)
+if ok and type(decoded) == 'table' and decoded['consumer'] == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 
 async def _quietly_close(pubsub: PubSub) -> None:
