@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import time
@@ -25,7 +26,7 @@ from tests.transports.conftest import with_protocol
 from tests.transports.test_contract import Reader
 
 from debatebus.exceptions import TransportError
-from debatebus.transports.base import Delivery, Outgoing
+from debatebus.transports.base import RECOVERED_HEADER, Delivery, Outgoing
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 
@@ -146,7 +147,8 @@ async def test_keepalive_logs_one_warning_per_outage_and_recovers(
 
 async def test_consuming_again_after_redis_lost_its_data(server: RedisServer, topic: str) -> None:
     """A restart without persistence drops the stream and the group (NOGROUP): consuming again
-    makes them again. An ack of an entry Redis forgot publishes nothing: it is not pending."""
+    makes them again. An ack of an entry Redis forgot cannot acknowledge it, and nobody else can
+    answer it: its result is published anyway, marked ``RECOVERED_HEADER``."""
     results = f"event:{topic}:completed"
     async with RedisStreamsTransport(server.url, claim_idle_ms=500, block_ms=100,
                                      command_timeout=2.0) as t:
@@ -169,7 +171,10 @@ async def test_consuming_again_after_redis_lost_its_data(server: RedisServer, to
         client = Redis.from_url(server.url)
         try:
             entries: Any = await client.xrange(results)
-            assert [f[b"envelope"] for _, f in entries] == [b"r-new"]
+            assert [f[b"envelope"] for _, f in entries] == [b"r-new", b"r-lost"]
+            marks = [json.loads(f.get(b"headers", b"{}")).get(RECOVERED_HEADER)
+                     for _, f in entries]
+            assert marks == [None, "request-lost"]
             assert (await client.xpending(topic, "workers"))["pending"] == 0
         finally:
             await client.aclose()
@@ -243,7 +248,10 @@ async def test_200_messages_acked_exactly_once_while_connections_drop(
     acked: set[bytes] = set()
     with _sync(server) as c:
         connections = int(c.info("stats")["total_connections_received"])
-    async with RedisStreamsTransport(server.url, claim_idle_ms=500, block_ms=100,
+    # With Redis's timeout of 1 s, the reclaim (every claim_idle_ms / 2, on the command
+    # connection) must leave that connection idle for longer, or the fault never bites it.
+    claim_idle_ms = 6000 if fault == "timeout_1" else 500
+    async with RedisStreamsTransport(server.url, claim_idle_ms=claim_idle_ms, block_ms=100,
                                      command_timeout=2.0) as t:
         faults.append(asyncio.create_task(_publish_in_bursts(t, topic, n)))
 

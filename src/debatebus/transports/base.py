@@ -38,6 +38,7 @@ __all__ = [
     "ORIGIN_OFFSET_HEADER",
     "ORIGIN_PARTITION_HEADER",
     "REASON_HEADER",
+    "RECOVERED_HEADER",
     "Delivery",
     "Outgoing",
     "PositionKind",
@@ -52,6 +53,10 @@ __all__ = [
 #: A dead letter's header (Redis Streams: its ``reason`` field) saying why it was dead-lettered.
 REASON_HEADER: Final = "x-debatebus-reason"
 #: A dead letter's header (Redis Streams: its ``origin`` field) naming the topic it came from.
+#: On a result or dead letter published although its request had vanished from the broker before
+#: it was settled (Redis restarted without its data, or the entry trimmed while it ran): the
+#: request cannot be acknowledged, nobody else can answer it, so its answer goes out marked.
+RECOVERED_HEADER: Final = "x-debatebus-recovered"
 ORIGIN_HEADER: Final = "x-debatebus-origin"
 #: Where in its origin a dead letter was: the entry id (Redis Streams: its ``originId`` field)...
 ORIGIN_ID_HEADER: Final = "x-debatebus-origin-id"

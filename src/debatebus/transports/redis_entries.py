@@ -43,13 +43,24 @@ DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
 # Settle one entry: publish to the streams KEYS[2..] and XACK KEYS[1], only if the entry is still
 # pending in the group (any consumer's). Returns 1, or 0 when it was settled already (a retried
 # ack whose first reply was lost, or another consumer's ack of an entry both held): then nothing
-# is published. The types are checked before the first write, since Redis does not roll back a
+# is published. Returns -1, publishing nothing, when the entry is not pending because it is gone
+# (its group or the entry itself: Redis restarted without its data, or the entry was trimmed
+# while it ran): nobody else can answer it, so the caller publishes its answer marked. The
+# types are checked before the first write, since Redis does not roll back a
 # script that fails half-way. ARGV: group, entry id, the MINID each XADD trims to ('' for none),
 # then per output stream: the number of field/value arguments, those arguments.
 # Redis Cluster: a script's keys must share one hash slot, so a request stream, its result streams
 # and its dead-letter stream must be hash-tagged alike there.
 SETTLE = """
-if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1) == 0 then return 0 end
+local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if type(pending) == 'table' and pending['err'] then
+  if string.find(pending['err'], 'NOGROUP', 1, true) then return -1 end
+  return pending
+end
+if #pending == 0 then
+  if #redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2]) == 0 then return -1 end
+  return 0
+end
 for i = 2, #KEYS do
   local kind = redis.call('TYPE', KEYS[i])['ok']
   if kind ~= 'stream' and kind ~= 'none' then

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.transports.base import Delivery
+from debatebus.transports.base import RECOVERED_HEADER, Delivery
 from debatebus.transports.redis_cluster import SlotReads, by_slot
 from debatebus.transports.redis_common import Command, ReadTracker, RedisClient, log, redis_call
 from debatebus.transports.redis_entries import entry_to_delivery, stream_entries
@@ -165,11 +165,20 @@ class ConsumerGroups:
                         batch = await (several.next() if several is not None
                                        else self._read_new(seats, _room(seats, prefetch)))
                 except TransportError as e:
-                    if not any(code in str(e.__cause__) for code in ("NOGROUP", "UNBLOCKED")):
+                    gone = "NOGROUP" in str(e.__cause__)
+                    if not gone and "UNBLOCKED" not in str(e.__cause__):
                         raise
-                    # The stream or group is gone (deleted, moved to another cluster master
-                    # under a blocked read, or Redis restarted without its data): make them
+                    # The stream or group is gone (deleted, or Redis restarted without its
+                    # data), or moved to another cluster master under a blocked read: make them
                     # again where they are now and carry on.
+                    if gone:
+                        log.warning(
+                            "the stream or consumer group of %s (group %s) was gone from Redis "
+                            "(did it restart without its data, or was the key deleted?): made "
+                            "again. Requests read before are lost to the broker; those this "
+                            "worker is running are still answered, marked %s",
+                            ", ".join(seat.topic for seat in seats), seats[0].group,
+                            RECOVERED_HEADER)
                     await self._ensure_groups(seats)
                     continue
                 batch.reverse()

@@ -11,7 +11,10 @@ Wire format (what any client in any language reads and writes):
   that the entry is still pending in the group (under any consumer): a result is never published
   without the acknowledgement, nor the reverse, and never twice — an ack retried after a lost
   reply, or a second consumer's ack of an entry it reclaimed, publishes nothing. A dead letter
-  (``reject``) is written and acknowledged by the same script, under the same check;
+  (``reject``) is written and acknowledged by the same script, under the same check. An entry
+  gone from Redis (it restarted without its data, or the entry was trimmed) cannot be
+  acknowledged and nobody else can answer it: its results are published anyway, marked
+  ``RECOVERED_HEADER``;
 * an entry idle past ``claim_idle_ms`` in the pending list of a consumer that died is taken over
   by a live one (``XAUTOCLAIM``), with its real delivery count. Live consumers refresh the idle
   time of what they hold every ``claim_idle_ms / 3``, so a debate that runs for minutes is never
@@ -50,8 +53,9 @@ The consumer side (seats, reads, reclaiming, the keep-alive) is ``redis_groups``
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from redis import exceptions as redis_errors
@@ -69,6 +73,7 @@ from debatebus.transports.base import (
     HEARTBEAT_TOPIC,
     ORIGIN_HEADER,
     REASON_HEADER,
+    RECOVERED_HEADER,
     Delivery,
     Outgoing,
     Transport,
@@ -168,6 +173,7 @@ class RedisStreamsTransport(Transport):
                                  claim_idle_ms)
         self._url = url
         self._connect_timeout = connect_timeout
+        self._lost_said = False  # a request gone from Redis before it was settled was said
         self._owns_client = client is None
         cluster = is_cluster(client) if client is not None else cluster_url(url)
         self._link = StreamsLink(describe(url, client), command_timeout, block_ms, cluster,
@@ -239,16 +245,17 @@ class RedisStreamsTransport(Transport):
         group; if it is not (settled already, e.g. by this same ack whose reply was lost),
         publish nothing. Idempotent: safe to retry after a ``TransportError``. Until it succeeds
         the entry stays held (kept alive): retry it, or ``release`` it."""
-        await self._settle(delivery, [(r.topic, message_fields(r.body, r.key, r.headers))
-                                      for r in results])
+        await self._settle(delivery, lambda marks: [
+            (r.topic, message_fields(r.body, r.key, {**r.headers, **marks} if marks else r.headers))
+            for r in results])
 
     async def reject(self, delivery: Delivery, reason: str, *, requeue: bool = False) -> None:
         """``requeue``: let go of the entry now, so the next ``XAUTOCLAIM`` (this consumer's or
         another's) hands it out again, counted. Otherwise write the dead letter and acknowledge,
         as ``ack`` does (same pending check, same retry rules)."""
         if not requeue:
-            await self._settle(delivery, [(dlq_topic(delivery.topic),
-                                           self._dead_letter_fields(delivery, reason))])
+            await self._settle(delivery, lambda marks: [
+                (dlq_topic(delivery.topic), self._dead_letter_fields(delivery, reason, marks))])
             return
         await self._groups.requeue(delivery)
 
@@ -257,9 +264,14 @@ class RedisStreamsTransport(Transport):
         takes it once it has been idle for ``claim_idle_ms``."""
         self._groups.release(delivery)
 
-    async def _settle(self, delivery: Delivery, outputs: Sequence[tuple[str, list[Any]]]) -> None:
-        """Run the settle script: ``outputs`` are (stream, fields) to publish, trimmed by age."""
+    async def _settle(self, delivery: Delivery,
+                      outputs_for: Callable[[Mapping[str, str]], list[tuple[str, list[Any]]]],
+                      ) -> None:
+        """Run the settle script on what ``outputs_for({})`` gives, (stream, fields) to publish,
+        trimmed by age. If the request is gone from Redis (the script's -1), publish what
+        ``outputs_for`` gives with ``RECOVERED_HEADER`` instead, and say so."""
         seat = seat_of(delivery)
+        outputs = outputs_for({})
         keys = [seat.key, *(self._key(topic) for topic, _ in outputs)]
         if self._link.cluster:
             check_one_slot(keys, "a request stream and what its settle publishes")
@@ -268,16 +280,32 @@ class RedisStreamsTransport(Transport):
             args += (len(fields), *fields)
         command = ("EVALSHA", SETTLE_SHA, len(keys), *keys, *args)
         settled = await evalsha(self._submit_to(), command, self._load_settle)
-        seat.inflight.discard(delivery.id)
-        if not settled:
+        if settled == -1:
+            await self._submit_to().submit([self._xadd(topic, fields) for topic, fields in
+                                            outputs_for({RECOVERED_HEADER: "request-lost"})])
+            self._said_lost(seat.topic, delivery.id)
+        elif not settled:
             log.debug("%s %s was settled already: nothing published", seat.topic, delivery.id)
+        seat.inflight.discard(delivery.id)
+
+    def _said_lost(self, topic: str, entry_id: str) -> None:
+        """Loudly, the first time (a Redis that lost its data loses every request in flight at
+        once); each one after at INFO."""
+        level = logging.INFO if self._lost_said else logging.WARNING
+        self._lost_said = True
+        log.log(level, "request %s on %s was gone from Redis before it was settled (did Redis "
+                "restart without its data, or was the stream trimmed while it ran?): its answer "
+                "is published anyway, marked %s; nobody else can answer it",
+                entry_id, topic, RECOVERED_HEADER)
 
     async def _load_settle_script(self) -> None:
         async with self._link.call():
             await self._link.redis().script_load(SETTLE)
 
-    def _dead_letter_fields(self, delivery: Delivery, reason: str) -> list[Any]:
-        return [*message_fields(delivery.body, delivery.key, delivery.headers),
+    def _dead_letter_fields(self, delivery: Delivery, reason: str,
+                            marks: Mapping[str, str] | None = None) -> list[Any]:
+        headers = {**delivery.headers, **marks} if marks else delivery.headers
+        return [*message_fields(delivery.body, delivery.key, headers),
                 b"reason", reason, b"origin", delivery.topic, b"originId", delivery.id,
                 b"deliveries", delivery.deliveries]
 
