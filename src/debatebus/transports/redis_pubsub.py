@@ -61,6 +61,7 @@ from debatebus.transports.redis_common import (
     is_cluster,
     merge,
     redis_call,
+    seed_names,
 )
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import SYNKRO_DEFAULTS, SynkroDialect, SynkroSettings
@@ -122,7 +123,8 @@ class RedisPubSubTransport(Transport):
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
                                            block_ms=max(1, int(self._poll_s * 1000)))
         await self._dead.connect()
-        self._batcher = make_batcher(self._client, self._where, timeout=self._timeout)
+        self._batcher = make_batcher(self._client, self._where, timeout=self._timeout,
+                                     seeds=seed_names(self._url))
         self._batcher.start()
 
     async def close(self) -> None:
