@@ -290,7 +290,7 @@ class _HeldMap(ClusterBatcher):
 
     hold: asyncio.Event | None = None
 
-    async def _read_slots(self) -> list[str | None]:
+    async def _read_slots(self) -> Any:
         slots = await super()._read_slots()
         if self.hold is not None:
             await self.hold.wait()
