@@ -5,7 +5,9 @@ under a flow."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
+from typing import Any
 
 import pytest
 from redis.crc import key_slot
@@ -22,7 +24,13 @@ from debatebus.schemas.envelope import completed_topic
 from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.redis_cluster import ClusterBatcher, cluster_key
-from debatebus.transports.redis_common import build_client, describe, split_cluster, split_seeds
+from debatebus.transports.redis_common import (
+    build_client,
+    describe,
+    seed_names,
+    split_cluster,
+    split_seeds,
+)
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import dedupe_key, lock_key
@@ -282,7 +290,7 @@ class _HeldMap(ClusterBatcher):
 
     hold: asyncio.Event | None = None
 
-    async def _read_slots(self) -> list[str | None]:
+    async def _read_slots(self) -> Any:
         slots = await super()._read_slots()
         if self.hold is not None:
             await self.hold.wait()
@@ -321,3 +329,62 @@ async def test_a_moved_heard_while_the_map_is_read_is_not_undone_by_it(
         assert _rejected_gets(redis_cluster, source) == before
     finally:
         await batcher.stop()
+
+
+class _StaleFirst(ClusterBatcher):
+    """A batcher whose first slot map is from before a failover it missed: every slot on a
+    master that is gone, whose replica is gone too (nothing listens on their ports)."""
+
+    gone = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
+    reads = 0
+
+    async def _read_slots(self) -> Any:
+        found = await super()._read_slots()
+        self.reads += 1
+        if self.reads == 1:
+            found.owners = [self.gone[0]] * len(found.owners)
+            found.masters, found.nodes = {self.gone[0]}, list(self.gone)
+        return found
+
+
+async def test_commands_a_dead_master_could_not_take_go_where_the_seeds_say(
+        redis_cluster: RedisClusterServers) -> None:
+    """No connection to the master of the map can be opened (refused: a builtin OSError), nor
+    to any node the map names: the commands, never sent, wait while the map is read again from
+    the URL's seeds, then go to the live masters; the dead nodes are forgotten."""
+    url = redis_cluster.url
+    client = build_client(url, connect_timeout=1.0)  # never initialized: it knows no node
+    batcher = _StaleFirst(client, "test", timeout=5.0, seeds=seed_names(url))
+    batcher.start()
+    keys = [f"k:{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    try:
+        assert await batcher.submit([("SET", key, key) for key in keys]) == [b"OK"] * 3
+        assert batcher.reads >= 2
+        assert await batcher.submit([("GET", key) for key in keys]) == [k.encode() for k in keys]
+        assert not set(batcher.gone) & set(batcher._nodes), "the dead nodes are forgotten"
+    finally:
+        await batcher.stop()
+        await client.aclose()
+
+
+async def test_a_job_whose_commands_all_fail_leaves_no_error_unread(
+        redis_cluster: RedisClusterServers) -> None:
+    """The first failed command fails the job; the others' errors are read all the same, so
+    asyncio never logs "Future exception was never retrieved"."""
+    loop = asyncio.get_running_loop()
+    unhandled: list[str] = []
+    loop.set_exception_handler(lambda _, context: unhandled.append(str(context.get("message"))))
+    lists = [f"l:{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    client = build_client(redis_cluster.url, connect_timeout=1.0)
+    batcher = ClusterBatcher(client, "test", timeout=5.0)
+    batcher.start()
+    try:
+        await batcher.submit([("RPUSH", key, "x") for key in lists])
+        with pytest.raises(TransportError, match="WRONGTYPE"):
+            await batcher.submit([("INCR", key) for key in lists])
+    finally:
+        await batcher.stop()
+        await client.aclose()
+        gc.collect()  # an error nobody read is reported when its future is collected
+        loop.set_exception_handler(None)
+    assert [m for m in unhandled if "never retrieved" in m] == []

@@ -50,6 +50,7 @@ from debatebus.transports.redis_common import (
     build_client,
     describe,
     redis_call,
+    seed_names,
     url_or_given,
 )
 
@@ -217,7 +218,8 @@ class RedisCheckpointStore(CheckpointStore):
             raise
         # The hot-path commands go through the transports' batcher: every call made by any
         # debate in one loop tick is one pipelined round trip.
-        self._batch = make_batcher(client, self._where, timeout=self.timeout_s)
+        self._batch = make_batcher(client, self._where, timeout=self.timeout_s,
+                                   seeds=seed_names(self._url))
         self._batch.start()
         return client, scripts
 

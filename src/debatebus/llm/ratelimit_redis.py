@@ -30,6 +30,7 @@ from debatebus.transports.redis_common import (
     describe,
     redis_call,
     script_sha,
+    seed_names,
     url_or_given,
 )
 
@@ -140,7 +141,8 @@ class RedisRateLimiter(RateLimiter):
         if self._batch is None:
             self._client = self._given or build_client(
                 self._url or "", connect_timeout=self._connect_timeout)
-            self._batch = make_batcher(self._client, self._where, timeout=self.timeout_s)
+            self._batch = make_batcher(self._client, self._where, timeout=self.timeout_s,
+                                       seeds=seed_names(self._url))
             self._batch.start()
         return self._batch
 

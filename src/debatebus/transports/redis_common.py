@@ -63,6 +63,7 @@ __all__ = [
     "pack_commands",
     "redis_call",
     "script_sha",
+    "seed_names",
     "split_cluster",
     "split_seeds",
     "url_or_given",
@@ -157,6 +158,16 @@ def split_seeds(url: str) -> tuple[str, list[tuple[str, int]]]:
         except ValueError as e:  # a port that is not a number
             raise ConfigError(f"invalid Redis URL {redact(url)!r}: seed {seed!r}: {e}") from None
     return f"{scheme}{sep}{auth}{at}{hosts.partition(',')[0]}{tail}", seeds
+
+
+def seed_names(url: str | None) -> list[str]:
+    """``host:port`` of every seed a cluster URL names, in order; none for a URL without
+    ``cluster=true`` (or no URL: a caller's own client). What a cluster batcher falls back to when
+    no node it knows answers."""
+    if url is None:
+        return []
+    plain, cluster = split_cluster(url)
+    return [f"{host}:{port}" for host, port in split_seeds(plain)[1]] if cluster else []
 
 
 def cluster_url(url: str) -> bool:

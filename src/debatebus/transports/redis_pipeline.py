@@ -39,10 +39,30 @@ from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 from debatebus.transports.redis_common import Command, pack_commands, transport_error
 from debatebus.transports.redis_endpoint import Endpoint, reply_error
 
-__all__ = ["Check", "CommandBatcher"]
+__all__ = ["Check", "CommandBatcher", "NotSentError"]
 
 #: Turns a job's replies into its result, or raises (the error the job's caller then gets).
 Check = Callable[[list[Any]], list[Any]]
+
+
+class NotSentError(TransportError):
+    """The commands never left: no connection to Redis could be opened (refused, unreachable, a
+    handshake that failed), or the batcher was stopped before they were written. Redis did not
+    run them, so sending them again — to this server later, or to another master of a cluster —
+    cannot run them twice, whatever they are. (A command that was written and whose reply never
+    came fails with a plain ``TransportError``: it may have run.)"""
+
+
+def _not_sent(error: Exception, where: str) -> DebatebusError:
+    """What the callers of commands that never left hear when no connection could be opened: a
+    ``ConfigError`` as is (refused credentials: sending again cannot help), else a
+    ``NotSentError`` saying why, the original as its cause."""
+    mapped = error if isinstance(error, DebatebusError) else transport_error(error, where)
+    if isinstance(mapped, ConfigError):
+        return mapped
+    out = NotSentError(str(mapped))
+    out.__cause__ = mapped.__cause__ or error
+    return out
 
 _MORE = object()  # hiredis: not enough data for a whole reply yet
 
@@ -196,7 +216,8 @@ class CommandBatcher:
     affected — or the whole pipeline did (a ``ConfigError`` when Redis refuses the credentials).
     A connection that is lost, or that stays silent for ``timeout`` seconds, is closed and
     replaced at the next pipeline; the pipelines it was carrying fail, since Redis may or may not
-    have run them.
+    have run them. Jobs that never left (no connection could be opened, or the batcher stopped
+    first) fail with ``NotSentError``: Redis did not run them.
 
     The connection is the batcher's own, made from ``client``'s settings (``connection_pool``'s
     ``connection_kwargs`` and ``connection_class``); the client itself is never used or closed.
@@ -241,8 +262,8 @@ class CommandBatcher:
         unsent = [job for batch in self._waiting for job in batch] + self._queue
         self._waiting, self._queue = [], []
         for job in unsent:
-            _fail(job, TransportError(f"the connection to Redis at {self._where} was closed "
-                                      "before this command was sent"))
+            _fail(job, NotSentError(f"the connection to Redis at {self._where} was closed "
+                                    "before this command was sent"))
 
     async def submit(self, commands: Sequence[Command]) -> list[Any]:
         # A cancelled caller does not unqueue its job: half-resolved states are worse than a late one.
@@ -297,10 +318,11 @@ class CommandBatcher:
                 if self._endpoint is None:
                     self._endpoint = Endpoint.of(self._pool, self._timeout)
                 self._wire = await _open(self._endpoint, self._where)
-            except Exception as e:
+            except Exception as e:  # nothing of what waits was written
+                error = _not_sent(e, self._where)
                 waiting, self._waiting = self._waiting, []
                 for batch in waiting:
-                    self._done(_Pipeline(batch, self._done), e)
+                    self._done(_Pipeline(batch, self._done), error)
                 return
             waiting, self._waiting = self._waiting, []
             for batch in waiting:

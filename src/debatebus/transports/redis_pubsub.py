@@ -74,6 +74,7 @@ from debatebus.transports.redis_common import (
     log,
     merge,
     redis_call,
+    seed_names,
 )
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import SYNKRO_DEFAULTS, SynkroDialect, SynkroSettings
@@ -145,7 +146,8 @@ class RedisPubSubTransport(Transport):
                                            block_ms=max(1, int(self._poll_s * 1000)),
                                            topic_retention_s=self._topic_retention_s)
         await self._dead.connect()
-        self._batcher = make_batcher(self._client, self._where, timeout=self._timeout)
+        self._batcher = make_batcher(self._client, self._where, timeout=self._timeout,
+                                     seeds=seed_names(self._url))
         self._batcher.start()
 
     def _tell_db(self, client: RedisClient) -> None:

@@ -97,6 +97,7 @@ from debatebus.transports.redis_common import (
     is_cluster,
     log,
     merge,
+    seed_names,
 )
 from debatebus.transports.redis_entries import (
     DELIVERIES_HEADER,
@@ -196,7 +197,8 @@ class RedisStreamsTransport(Transport):
         async with link.call():
             await link.client.ping()
         link.closed = False
-        self._batcher = make_batcher(link.client, link.where, timeout=link.timeout)
+        self._batcher = make_batcher(link.client, link.where, timeout=link.timeout,
+                                     seeds=seed_names(self._url))
         self._batcher.start()
         self._groups.start()
 
