@@ -69,3 +69,10 @@ def test_url_secrets_lists_what_a_library_may_print_apart_from_the_url() -> None
     assert url_secrets(None) == []
     assert url_secrets("http://[::1/v1") == []  # unparseable: the URL rule still applies
 
+
+
+def test_an_ellipsis_is_a_placeholder_not_a_value() -> None:
+    hint = "set OPENAI_API_KEY or pass api_key=... or api_key=… here"
+    assert redact(hint) == hint
+    for text in ("api_key=...abcdef123", "api_key=....", "password: ...x", "api_key=...)"):
+        assert redact(text).endswith(REDACTED), text
