@@ -57,6 +57,7 @@ from debatebus.transports.redis_common import (
     build_client,
     check_client,
     cluster_url,
+    connect_check,
     describe,
     is_cluster,
     merge,
@@ -116,8 +117,7 @@ class RedisPubSubTransport(Transport):
             return
         if self._client is None:
             self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        async with redis_call(self._where, self._timeout):
-            await self._client.ping()
+        await connect_check(self._client, self._where, self._timeout)
         self._closed = False
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
                                            block_ms=max(1, int(self._poll_s * 1000)))

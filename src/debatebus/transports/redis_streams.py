@@ -75,6 +75,7 @@ from debatebus.transports.redis_common import (
     build_client,
     check_client,
     cluster_url,
+    connect_check,
     describe,
     is_cluster,
     log,
@@ -143,8 +144,7 @@ class RedisStreamsTransport(Transport):
         link = self._link
         if link.client is None:
             link.client = build_client(self._url, connect_timeout=self._connect_timeout)
-        async with link.call():
-            await link.client.ping()
+        await connect_check(link.client, link.where, link.timeout)
         link.closed = False
         self._batcher = make_batcher(link.client, link.where, timeout=link.timeout)
         self._batcher.start()
