@@ -143,6 +143,8 @@ class Settler:
             return self._dead_letter(delivery, (
                 f"delivered {delivery.deliveries} times without completing (max_deliveries="
                 f"{self.max_deliveries}): inspect the handler's logs for this request"))
+        if delivery.malformed is not None:
+            return self._reject_or_fail(delivery, delivery.malformed)
         try:
             request = decode_request(delivery.body)
         except InputError as exc:

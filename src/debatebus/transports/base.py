@@ -76,7 +76,9 @@ class Delivery:
 
     ``id`` is the broker's position (stream entry id, ``partition:offset``…); ``deliveries`` counts
     how many times the message has been handed out (1 the first time) where the broker tracks it.
-    ``token`` is private to the transport that produced the delivery.
+    ``token`` is private to the transport that produced the delivery. ``malformed`` says why the
+    transport found no message where one belongs (a Redis stream entry without an ``envelope``
+    field); the worker then answers or dead-letters it with that reason, without decoding ``body``.
     """
 
     topic: str
@@ -86,6 +88,7 @@ class Delivery:
     key: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     token: Any = field(default=None, repr=False, compare=False)
+    malformed: str | None = None
 
 
 class Transport(abc.ABC):
