@@ -118,6 +118,11 @@ class Transport(abc.ABC):
     async def connect(self) -> None:  # noqa: B027 - optional hook
         """Open connections; idempotent. ``async with`` calls it."""
 
+    def topic_name(self, topic: str) -> str:
+        """The broker's own name for ``topic``, for log lines: the topic itself, unless the
+        transport renames it (Kafka: ``debate.request.dlq``; a Redis Cluster: a hash tag)."""
+        return topic
+
     @abc.abstractmethod
     async def close(self) -> None:
         """Release connections. Unsettled deliveries stay with the broker for redelivery."""

@@ -163,6 +163,9 @@ class RedisStreamsTransport(Transport):
             with contextlib.suppress(redis_errors.RedisError, OSError):
                 await client.aclose()
 
+    def topic_name(self, topic: str) -> str:
+        return self._key(topic)
+
     def _submit_to(self) -> Batcher:
         if self._batcher is None:
             raise TransportError(NOT_CONNECTED)

@@ -176,6 +176,9 @@ class KafkaTransport(Transport):
 
     # -- topics ----------------------------------------------------------------------------
 
+    def topic_name(self, topic: str) -> str:
+        return kafka_topic(topic)
+
     async def ensure_topics(self, topics: Sequence[str]) -> None:
         await self._topics.ensure(topic_names(topics))
 
