@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -427,6 +428,15 @@ def aiokafka_lines(caplog: pytest.LogCaptureFixture, level: int = logging.WARNIN
             if r.name.split(".")[0] == "aiokafka" and r.levelno >= level]
 
 
+@pytest.fixture
+def no_quiet_hold() -> None:
+    """What these tests count needs no other transport to be in an outage: every transport a
+    test connects must be closed or dropped (collected here), which releases its hold."""
+    gc.collect()
+    assert not logging.getLogger("aiokafka").filters, "a KafkaTransport is held, never closed"
+
+
+@pytest.mark.usefixtures("no_quiet_hold")
 async def test_an_unreachable_broker_shows_aiokafka_s_first_error_not_each_retry_s(
         caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()  # nothing listens there
@@ -450,6 +460,7 @@ async def test_an_unreachable_broker_shows_aiokafka_s_first_error_not_each_retry
     assert len(aiokafka_lines(caplog)) == 1  # a new outage shows its first error again
 
 
+@pytest.mark.usefixtures("no_quiet_hold")
 async def test_the_quieted_repeats_stay_at_debug_for_an_aiokafka_logger_set_to_debug(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="aiokafka")
@@ -466,6 +477,18 @@ async def test_the_quieted_repeats_stay_at_debug_for_an_aiokafka_logger_set_to_d
                 if line.startswith("Unable connect")]) == 3
 
 
+async def test_a_transport_dropped_unclosed_releases_its_hold_when_collected() -> None:
+    t = KafkaTransport(f"127.0.0.1:{free_port()}", connect_timeout=5.0)
+    with pytest.raises(TransportError):
+        async with asyncio.timeout(WAIT):
+            await t.connect()
+    assert logging.getLogger("aiokafka").filters
+    del t
+    gc.collect()
+    assert not logging.getLogger("aiokafka").filters
+
+
+@pytest.mark.usefixtures("no_quiet_hold")
 async def test_a_worker_waiting_for_its_broker_logs_one_warning_and_one_aiokafka_error(
         caplog: pytest.LogCaptureFixture) -> None:
     class Counting(KafkaTransport):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, Final
 
@@ -149,10 +150,12 @@ class QuietOutage:
     ``release`` once the broker answered, and at close. While any transport holds it, the first
     WARNING-or-worse record of each kind on the aiokafka loggers is logged and its repeats are
     not (they stay at DEBUG for a logger set to DEBUG). Public logging API only: a filter on each
-    aiokafka logger, removed when the last hold is released."""
+    aiokafka logger, removed when the last hold is released. A hold is released too when its
+    ``owner`` is collected (a transport dropped after a failed connect, never closed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: object) -> None:
         self._holding = False
+        weakref.finalize(owner, self.release)
 
     def hold(self) -> None:
         if self._holding:

@@ -112,7 +112,7 @@ class KafkaTransport(Transport):
         self._topics = Topics(self.settings, self._admin_client)
         self._members: set[Member] = set()
         self._readers: set[AIOKafkaConsumer] = set()
-        self._quiet = QuietOutage()
+        self._quiet = QuietOutage(self)
 
     # -- connections -----------------------------------------------------------------------
 
