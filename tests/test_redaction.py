@@ -78,3 +78,10 @@ def test_token_query_values_are_masked_in_urls_and_by_value_in_paths() -> None:
     # A server's access line holds the path alone: its token is masked as an explicit secret.
     assert redact(f'"GET /?token={token} HTTP/1.1" 200', [token]) == (
         f'"GET /?token={REDACTED} HTTP/1.1" 200')
+
+
+def test_an_ellipsis_is_a_placeholder_not_a_value() -> None:
+    hint = "set OPENAI_API_KEY or pass api_key=... or api_key=… here"
+    assert redact(hint) == hint
+    for text in ("api_key=...abcdef123", "api_key=....", "password: ...x", "api_key=...)"):
+        assert redact(text).endswith(REDACTED), text

@@ -32,6 +32,9 @@ class RequestContext:
     debate_name: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     scratch: dict[str, Any] = field(default_factory=dict)
+    #: Where a dead-lettered request went, as the broker names it (``debate.request.dlq`` on
+    #: Kafka); set before ``request_finished`` reports ``"dead_lettered"``.
+    dead_letter_topic: str | None = None
 
 
 class Observer:

@@ -32,13 +32,15 @@ _USERINFO: Final = re.compile(r"^([^:]*://[^:/?#@]*:)[^/?#]*@")
 _SECRET_NAME: Final = r"[^=&;#?\s]*(?:key|token|secret|passw|pwd|auth|signature|credential)"
 _QUERY_SECRET: Final = re.compile(rf"([?&;#]{_SECRET_NAME}[^=&;#?\s]*=)[^&;#\s]*", re.IGNORECASE)
 
-# Key shapes, then "name = value" pairs (values already masked are left alone).
+# Key shapes, then "name = value" pairs. Values already masked are left alone, and so is a
+# value that is only an ellipsis: a placeholder in a hint ("pass api_key=... or set …").
 _SECRETS: Final = (
     (re.compile(r"\bsk-ant-[A-Za-z0-9_\-]{6,}"), f"sk-ant-{REDACTED}"),
     (re.compile(r"\bsk-[A-Za-z0-9_\-]{6,}"), f"sk-{REDACTED}"),
     (re.compile(r"\b(Bearer)\s+[A-Za-z0-9\-._~+/]{6,}=*", re.IGNORECASE), rf"\1 {REDACTED}"),
     (re.compile(r"""\b(api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|secret|password)"""
-                r"""(["']?\s*[:=]\s*["']?)(?!\[REDACTED\]|\*\*\*)[^\s"',;}&]+""", re.IGNORECASE),
+                r"""(["']?\s*[:=]\s*["']?)(?!\[REDACTED\]|\*\*\*|(?:\.\.\.|…)(?![^\s"',;}&]))"""
+                r"""[^\s"',;}&]+""", re.IGNORECASE),
      rf"\1\2{REDACTED}"),
 )
 

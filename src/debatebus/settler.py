@@ -49,7 +49,7 @@ from debatebus.schemas.envelope import (
     now_iso,
 )
 from debatebus.schemas.events import DebateEvent
-from debatebus.transports import Delivery, Outgoing, Transport
+from debatebus.transports import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
 __all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "EVENT_ENCODER", "PAYLOAD_ECHO_LIMIT", "Route",
@@ -125,6 +125,8 @@ class Settler:
             await self._requeue(delivery)
         finally:
             if observer is not None and ctx is not None:
+                if outcome == "dead_lettered":
+                    ctx.dead_letter_topic = self.transport.topic_name(dlq_topic(delivery.topic))
                 observer.request_finished(ctx, outcome, result, time.perf_counter() - started)
 
     async def _requeue(self, delivery: Delivery) -> None:
@@ -150,6 +152,8 @@ class Settler:
             return self._dead_letter(delivery, (
                 f"delivered {delivery.deliveries} times without completing (max_deliveries="
                 f"{self.max_deliveries}): inspect the handler's logs for this request"))
+        if delivery.malformed is not None:
+            return self._reject_or_fail(delivery, delivery.malformed)
         try:
             request = decode_request(delivery.body)
         except InputError as exc:

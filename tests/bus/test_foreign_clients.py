@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from tests.bus.conftest import running
 from tests.bus.test_worker import app_for
 
@@ -43,6 +44,45 @@ async def test_redis_cli_request_and_result_on_streams(redis_server: Any) -> Non
     assert result["causationId"] == "cli-1"
     assert result["payload"]["debateStatus"] == "completed"
     assert result["payload"]["debateOutput"]
+
+
+async def test_an_entry_without_an_envelope_field_is_dead_lettered_naming_its_fields(
+        redis_server: Any) -> None:
+    event_type = f"debate:cli{uuid.uuid4().hex[:6]}"
+    port = _port(redis_server.url)
+    envelope = json.dumps({"requestId": "cli-2", "payload": {"input": "Monolith or not?"}})
+    client = Redis.from_url(redis_server.url)
+    try:
+        async with running(app_for(redis_server.url, event_type)):
+            await asyncio.to_thread(redis_cli, port, "XADD", event_type, "*", "data", envelope)
+            reply: Any = await client.xread({f"{event_type}:dlq": "0"}, count=1, block=60_000)
+    finally:
+        await client.aclose()
+    ((_, ((_, fields),)),) = reply
+    assert fields[b"reason"].decode() == (
+        "stream entry has fields ['data'], expected 'envelope' holding the JSON envelope: "
+        'XADD <stream> * envelope \'{"requestId": "<id>", "payload": {…}}\' '
+        "(Synkro's producers PUBLISH instead: serve them on redis+pubsub://)")
+
+
+async def test_an_entry_without_an_envelope_field_but_a_request_id_is_answered_failed(
+        redis_server: Any) -> None:
+    event_type = f"debate:cli{uuid.uuid4().hex[:6]}"
+    port = _port(redis_server.url)
+    client = Redis.from_url(redis_server.url)
+    try:
+        async with running(app_for(redis_server.url, event_type)):
+            await asyncio.to_thread(redis_cli, port, "XADD", event_type, "*", "requestId", "cli-3",
+                                    "payload", '{"input": "Monolith or not?"}')
+            reply: Any = await client.xread({f"event:{event_type}:failed": "0"}, count=1,
+                                            block=60_000)
+    finally:
+        await client.aclose()
+    ((_, ((_, fields),)),) = reply
+    result = json.loads(fields[b"envelope"])
+    assert result["requestId"] == "cli-3"
+    assert result["payload"]["debateError"].startswith(
+        "stream entry has fields ['requestId', 'payload'], expected 'envelope'")
 
 
 async def test_synkro_wire_on_pubsub_with_redis_cli(redis_server: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from tests.bus.conftest import make_debate, running
+from tests.support.servers import RedisServer
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient
@@ -154,6 +155,19 @@ async def test_misconfiguration_at_start_up_stops_the_worker_at_once() -> None:
     app.subscribe(TOPIC, make_debate().as_handler())
     with pytest.raises(ConfigError, match="credentials"):
         await asyncio.wait_for(app.run(), 5)
+
+
+@pytest.mark.redis
+async def test_a_worker_on_a_db_the_server_does_not_have_stops_instead_of_retrying(
+        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    app = DebateBus(redis_server.url.replace("/0", "/99"), heartbeat_interval_s=None)
+    app.subscribe("debate:request", make_debate().as_handler())
+    try:
+        with pytest.raises(ConfigError, match="database 99 does not exist on this server"):
+            await asyncio.wait_for(app.run(), 10)
+    finally:
+        await app.close()
+    assert "cannot connect" not in caplog.text
 
 
 class Recording(MemoryTransport):

@@ -19,6 +19,9 @@ from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore, RedisCheckpointStore
 from debatebus.client import BusClient
 from debatebus.exceptions import TransportError
+from debatebus.handlers.contract import HandlerResult
+from debatebus.observability.logs import LoggingObserver
+from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas.events import EVENT_DECODER
 from debatebus.transports import Delivery, Outgoing, dlq_topic, transport_from_url
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
@@ -195,6 +198,36 @@ async def test_unreadable_message_goes_to_dlq_with_original_bytes(
         assert reason in got.headers["x-debatebus-reason"]
         ok = await client.request(event_type, {"input": "fine"}, timeout=TIMEOUT)
         assert ok.payload["debateStatus"] == "completed"
+
+
+class _Finished(Observer):
+    """Set once a request is dead-lettered, after the observers before it have logged it."""
+
+    def __init__(self) -> None:
+        self.dead = asyncio.Event()
+
+    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+                         result: HandlerResult | None, duration_s: float) -> None:
+        if outcome == "dead_lettered":
+            self.dead.set()
+
+
+@pytest.mark.parametrize("kind", ["memory", "kafka"])
+async def test_the_dead_letter_log_line_names_the_topic_as_the_broker_does(
+        kind: str, event_type: str, request: pytest.FixtureRequest,
+        caplog: pytest.LogCaptureFixture) -> None:
+    url = "memory://" if kind == "memory" else request.getfixturevalue("tansu_server").url
+    app = app_for(url, event_type)
+    finished = _Finished()
+    app.add_observer(LoggingObserver())
+    app.add_observer(finished)
+    async with running(app), BusClient(url, **transport_options(url)) as client:
+        await warm_up(client, event_type)
+        await client.transport.publish(Outgoing(event_type, b"not json"))
+        await asyncio.wait_for(finished.dead.wait(), TIMEOUT)
+    (line,) = [r.getMessage() for r in caplog.records if "dead_lettered" in r.getMessage()]
+    dlq = f"{event_type}:dlq" if kind == "memory" else f"{event_type.replace(':', '.')}.dlq"
+    assert line.endswith(f": moved to {dlq}")
 
 
 async def test_request_without_payload_but_with_id_gets_failed_event(event_type: str) -> None:

@@ -46,6 +46,11 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     (["check", "--max-age", "-1"], "--max-age: must be a number of seconds > 0"),
     (["publish", "t", "--input", "x", "--wait", "--timeout", "inf"], "--timeout: must be"),
     (["run", "topic", "--rounds", "0"], "--rounds: must be a whole number ≥ 1"),
+    (["publish", "t", "--payload", "{input: x}", "--broker", "memory://"],
+     "--payload must be a JSON object: Expecting property name enclosed in double quotes "
+     "(line 1, column 2: 'input: x}')"),
+    (["publish", "t", "--payload", f'{{"input": "x", "password": "{SECRET}"', "--broker",
+      "memory://"], "--payload must be a JSON object: Expecting ',' delimiter (line 1, column"),
 ])
 def test_bad_arguments_get_one_line_and_exit_2(
         capsys: pytest.CaptureFixture[str], argv: list[str], says: str) -> None:

@@ -19,6 +19,7 @@ from debatebus.llm import (
     ScriptedLLM,
     resolve_llm,
 )
+from debatebus.redaction import redact
 from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
 
 
@@ -35,9 +36,33 @@ def test_openai_model(monkeypatch: pytest.MonkeyPatch) -> None:
     assert llm.base_url.startswith("https://api.openai.com/")
 
 
-def test_openai_without_a_key_says_which_variable_to_set() -> None:
-    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
-        resolve_llm("openai:gpt-4o-mini")
+@pytest.mark.parametrize(("spec", "variable"), [
+    ("openai:gpt-4o-mini", "OPENAI_API_KEY"),
+    ("anthropic:claude-3-5-haiku-latest", "ANTHROPIC_API_KEY"),
+])
+def test_no_key_is_refused_when_the_llm_is_built_in_words_that_survive_redaction(
+        spec: str, variable: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_llm(spec)
+    message = str(info.value)
+    assert f"set {variable} or pass api_key=..." in message
+    assert redact(message) == message  # logs and the CLI redact: the hint reads the same there
+
+
+def test_an_anthropic_auth_token_is_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "an-auth-token-000000")
+    assert resolve_llm("anthropic:claude-x").model == "claude-x"
+
+
+def test_the_cli_refuses_a_keyless_model_before_serving(capsys: pytest.CaptureFixture[str]) -> None:
+    from debatebus.cli import main
+
+    code = main(["demo", "--broker", "memory://", "--llm", "anthropic:claude-x"])
+    printed = capsys.readouterr().err
+    assert code == 2
+    assert printed.strip() == (
+        "debatebus: claude-x: no API key for https://api.anthropic.com: "
+        "set ANTHROPIC_API_KEY or pass api_key=...")
 
 
 def test_openai_model_at_a_local_server() -> None:
@@ -47,7 +72,8 @@ def test_openai_model_at_a_local_server() -> None:
     assert llm.base_url == "http://127.0.0.1:11434/v1/"
 
 
-def test_anthropic_model() -> None:
+def test_anthropic_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-from-env-000000")
     llm = resolve_llm("anthropic:claude-3-5-haiku-latest")
     assert isinstance(llm, AnthropicLLM)
     assert llm.model == "claude-3-5-haiku-latest"
@@ -66,6 +92,7 @@ async def test_scripted_file(tmp_path: Path) -> None:
 
 def test_default_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEBATEBUS_LLM", "anthropic:claude-x")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-from-env-000000")
     assert resolve_llm().model == "claude-x"
     assert resolve_llm("openai:gpt-x@http://127.0.0.1:1/v1").model == "gpt-x"  # explicit wins
 

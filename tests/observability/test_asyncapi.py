@@ -363,7 +363,9 @@ async def test_what_the_worker_sends_matches_the_document() -> None:
 # ---- the command ----------------------------------------------------------------------------------
 
 
-def test_cli_prints_json_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_cli_prints_json_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEBATEBUS_BROKER", raising=False)
     expected = build_asyncapi()
     assert main(["asyncapi", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == expected
@@ -382,3 +384,47 @@ def test_cli_documents_an_app(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out) == build_asyncapi(two_routes())
     assert main(["asyncapi", app, "--event-type", "orders:review"]) != 0
     assert "not both" in capsys.readouterr().err
+
+
+# ---- servers: the broker's, or examples -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "servers"), [
+    ("redis://:hunter2secret@cache.internal:6380/2?ssl_cert_reqs=none", {"redisStreams": {
+        "host": "cache.internal:6380", "protocol": "redis", "pathname": "/2",
+        "title": "Redis Streams (broker URL redis://cache.internal:6380/2)"}}),
+    ("rediss+pubsub://default:hunter2secret@h:6379/0", {"redisPubsub": {
+        "host": "h:6379", "protocol": "redis", "pathname": "/0",
+        "title": "Redis pub/sub over TLS (broker URL rediss+pubsub://h:6379/0)"}}),
+    ("kafka://b1:9092,b2:9092?partitions=6", {
+        "kafka1": {"host": "b1:9092", "protocol": "kafka",
+                   "title": "Kafka (broker URL kafka://b1:9092,b2:9092)"},
+        "kafka2": {"host": "b2:9092", "protocol": "kafka",
+                   "title": "Kafka (broker URL kafka://b1:9092,b2:9092)"}}),
+])
+def test_servers_name_the_brokers_hosts_and_never_its_secrets(
+        url: str, servers: dict[str, dict[str, str]]) -> None:
+    document = build_asyncapi(broker=url)
+    assert_valid_asyncapi(document)
+    assert {key: {k: v for k, v in server.items() if k in ("host", "protocol", "pathname", "title")}
+            for key, server in document["servers"].items()} == servers
+    assert "hunter2secret" not in json.dumps(document)
+
+
+def test_an_in_process_broker_has_no_servers_and_a_foreign_url_is_refused() -> None:
+    document = build_asyncapi(broker="memory://")
+    assert "servers" not in document
+    assert_valid_asyncapi(document)
+    with pytest.raises(ConfigError, match="cannot document the servers of 'http://u:\\*\\*\\*@h/'"):
+        build_asyncapi(broker="http://u:hunter2secret@h/")
+
+
+def test_cli_takes_the_broker_from_the_option_or_the_environment(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEBATEBUS_BROKER", "redis://:hunter2secret@from-env:6379/0")
+    assert main(["asyncapi", "--format", "json"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed)["servers"]["redisStreams"]["host"] == "from-env:6379"
+    assert "hunter2secret" not in printed
+    assert main(["asyncapi", "--format", "json", "--broker", "kafka://k:9092"]) == 0
+    assert set(json.loads(capsys.readouterr().out)["servers"]) == {"kafka"}

@@ -214,10 +214,14 @@ async def test_unreachable_broker_raises_transport_error(kind: Kind) -> None:
            "kafka": f"kafka://127.0.0.1:{port}"}[kind.name]
     from debatebus.transports import transport_from_url
 
+    t = transport_from_url(url, connect_timeout=2.0)
+
     async def connect_and_publish() -> None:
-        t = transport_from_url(url, connect_timeout=2.0)
         await t.connect()
         await t.publish(Outgoing("x:y", b"z"))
 
-    with pytest.raises(TransportError):
-        await asyncio.wait_for(connect_and_publish(), 30)
+    try:
+        with pytest.raises(TransportError):
+            await asyncio.wait_for(connect_and_publish(), 30)
+    finally:
+        await t.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import logging
 import math
 import os
@@ -458,6 +459,103 @@ async def test_unreachable_broker_raises_transport_error_with_cause() -> None:
             await t.connect()
     assert isinstance(caught.value.__cause__, KafkaError)
     await t.close()
+
+
+def aiokafka_lines(caplog: pytest.LogCaptureFixture, level: int = logging.WARNING) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.split(".")[0] == "aiokafka" and r.levelno >= level]
+
+
+@pytest.fixture
+def no_quiet_hold() -> None:
+    """What these tests count needs no other transport to be in an outage: every transport a
+    test connects must be closed or dropped (collected here), which releases its hold."""
+    gc.collect()
+    assert not logging.getLogger("aiokafka").filters, "a KafkaTransport is held, never closed"
+
+
+@pytest.mark.usefixtures("no_quiet_hold")
+async def test_an_unreachable_broker_shows_aiokafka_s_first_error_not_each_retry_s(
+        caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()  # nothing listens there
+    t = KafkaTransport([f"127.0.0.1:{port}"], connect_timeout=5.0)
+    try:
+        for _ in range(4):  # the worker's reconnects, without their backoff
+            with pytest.raises(TransportError):
+                async with asyncio.timeout(WAIT):
+                    await t.connect()
+        (line,) = aiokafka_lines(caplog)
+        assert f"127.0.0.1:{port}" in line
+    finally:
+        await t.close()
+    assert not logging.getLogger("aiokafka").filters  # taken off with the last hold
+    caplog.clear()
+    again = KafkaTransport([f"127.0.0.1:{port}"], connect_timeout=5.0)
+    with pytest.raises(TransportError):
+        async with asyncio.timeout(WAIT):
+            await again.connect()
+    await again.close()
+    assert len(aiokafka_lines(caplog)) == 1  # a new outage shows its first error again
+
+
+@pytest.mark.usefixtures("no_quiet_hold")
+async def test_the_quieted_repeats_stay_at_debug_for_an_aiokafka_logger_set_to_debug(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiokafka")
+    t = KafkaTransport([f"127.0.0.1:{free_port()}"], connect_timeout=5.0)
+    try:
+        for _ in range(3):
+            with pytest.raises(TransportError):
+                async with asyncio.timeout(WAIT):
+                    await t.connect()
+    finally:
+        await t.close()
+    assert len(aiokafka_lines(caplog)) == 1
+    assert len([line for line in aiokafka_lines(caplog, logging.DEBUG)
+                if line.startswith("Unable connect")]) == 3
+
+
+async def test_a_transport_dropped_unclosed_releases_its_hold_when_collected() -> None:
+    t = KafkaTransport(f"127.0.0.1:{free_port()}", connect_timeout=5.0)
+    with pytest.raises(TransportError):
+        async with asyncio.timeout(WAIT):
+            await t.connect()
+    assert logging.getLogger("aiokafka").filters
+    del t
+    gc.collect()
+    assert not logging.getLogger("aiokafka").filters
+
+
+@pytest.mark.usefixtures("no_quiet_hold")
+async def test_a_worker_waiting_for_its_broker_logs_one_warning_and_one_aiokafka_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    class Counting(KafkaTransport):
+        attempts = 0
+        retried = asyncio.Event()
+
+        async def connect(self) -> None:
+            Counting.attempts += 1
+            if Counting.attempts == 4:
+                Counting.retried.set()
+            await super().connect()
+
+    app = debatebus.DebateBus(Counting(f"127.0.0.1:{free_port()}", connect_timeout=5.0),
+                              heartbeat_interval_s=None)
+    async def answer(payload: dict[str, Any]) -> dict[str, Any]:
+        return payload
+
+    app.subscribe("debate:request", answer)
+    worker = asyncio.create_task(app.run())
+    try:
+        await asyncio.wait_for(Counting.retried.wait(), WAIT)
+    finally:
+        app.stop()
+        await asyncio.wait_for(worker, WAIT)
+        await app.close()
+    worker_lines = [r for r in caplog.records if r.name == "debatebus.worker"
+                    and r.levelno >= logging.WARNING]
+    assert len(worker_lines) == 1 and "cannot connect at start-up" in worker_lines[0].getMessage()
+    assert len(aiokafka_lines(caplog)) == 1
 
 
 async def test_broker_that_never_answers_fails_within_connect_timeout() -> None:

@@ -19,7 +19,9 @@ from redis.asyncio import Redis
 from redis.exceptions import AuthorizationError, NoScriptError
 from tests.support.servers import RedisServer
 
+from debatebus.checkpoints import CheckpointStore, store_from_url
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.transports import Transport, transport_from_url
 from debatebus.transports.redis_common import Command, build_client, map_redis_errors
 from debatebus.transports.redis_pipeline import CommandBatcher
 
@@ -348,6 +350,24 @@ async def test_a_db_the_server_does_not_have_is_a_config_error(redis_server: Red
             await batcher.submit([("PING",)])
     finally:
         await _close(client, batcher)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("scheme", ["redis", "redis+pubsub", "store"])
+async def test_connecting_to_a_db_the_server_does_not_have_says_how_many_it_has(
+        redis_server: RedisServer, scheme: str) -> None:
+    url = redis_server.url.replace("/0", "/99")
+    component: Transport | CheckpointStore = (
+        store_from_url(url) if scheme == "store"
+        else transport_from_url(url.replace("redis://", f"{scheme}://", 1)))
+    try:
+        with pytest.raises(ConfigError) as caught:
+            await component.connect()
+    finally:
+        await component.close()
+    assert str(caught.value) == (
+        f"Redis at 127.0.0.1:{redis_server.port}: database 99 does not exist on this server (it"
+        " has 16: databases 0..15): fix the /N after host:port in the URL")
 
 
 @pytest.mark.redis

@@ -113,6 +113,9 @@ async def test_foreign_entries_are_delivered_not_crashed_on(
     binary, missing, bad_headers = [await reader.next() for _ in range(3)]
     assert binary.body == b"\xff\xfe binary"
     assert missing.body == b'{"data":"no envelope field"}'  # every field, for the failure event
+    assert missing.malformed is not None
+    assert missing.malformed.startswith("stream entry has fields ['data'], expected 'envelope'")
+    assert binary.malformed is None and bad_headers.malformed is None
     assert bad_headers.body == b"{}"
     assert bad_headers.headers == {"x-debatebus-bad-headers": "[not an object"}
     for delivery in (binary, missing, bad_headers):

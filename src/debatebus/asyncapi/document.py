@@ -1,7 +1,9 @@
 """The AsyncAPI 3.0 document of a debatebus worker, so other teams can discover and generate clients.
 
 Built from a ``DebateBus`` app (its routes, events channel and group: ``debatebus asyncapi
-module:app``), or for a worker serving one debate event type with the default settings.
+module:app``), or for a worker serving one debate event type with the default settings. Its
+servers are the broker's hosts when a broker URL is given (never its credentials or query),
+else an example server on localhost for each transport.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -16,6 +19,7 @@ from debatebus import __version__
 from debatebus.asyncapi.payloads import schema_components
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.handler import DebateHandler
+from debatebus.redaction import redact
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.schemas.events import EVENT_TYPES
 from debatebus.transports.base import dlq_topic
@@ -104,7 +108,55 @@ def _info(events_topic: str) -> dict[str, Any]:
     }
 
 
-def _servers() -> dict[str, Any]:
+#: Per broker URL scheme: the server's key, protocol and title, and what the transport is.
+_SERVER_KINDS: Final = {
+    "redis": ("redisStreams", "redis", "Redis Streams",
+              "Consumer groups, redelivery, dead letters."),
+    "rediss": ("redisStreams", "redis", "Redis Streams over TLS",
+               "Consumer groups, redelivery, dead letters."),
+    "redis+pubsub": ("redisPubsub", "redis", "Redis pub/sub",
+                     "Synkro's PUBLISH/SUBSCRIBE wire and semantics: at-most-once."),
+    "rediss+pubsub": ("redisPubsub", "redis", "Redis pub/sub over TLS",
+                      "Synkro's PUBLISH/SUBSCRIBE wire and semantics: at-most-once."),
+    "kafka": ("kafka", "kafka", "Kafka",
+              "One topic per event type (':' becomes '.'), key = requestId."),
+}
+
+
+def _broker_servers(url: str) -> dict[str, Any]:
+    """A server per host of the broker at ``url``: its hosts and database, never the URL's user,
+    password or query. ``memory://`` has none: it lives inside one process."""
+    scheme = url.partition("://")[0].lower()
+    if scheme == "memory":
+        return {}
+    if scheme not in _SERVER_KINDS:
+        raise ConfigError(f"cannot document the servers of {redact(url)!r}: give a "
+                          f"{', '.join(f'{s}://' for s in _SERVER_KINDS)} or memory:// URL")
+    key, protocol, title, description = _SERVER_KINDS[scheme]
+    try:
+        parts = urlsplit(url)
+        hosts = [host.strip() for host in parts.netloc.rpartition("@")[2].split(",")]
+        for host in hosts:
+            _ = urlsplit(f"//{host}").port  # reading it validates it
+    except ValueError as exc:
+        raise ConfigError(f"bad broker URL {redact(url)!r}: {exc}") from None
+    path = parts.path.rstrip("/") if protocol == "redis" else ""
+    shown = f"{scheme}://{','.join(hosts)}{path}"
+    servers: dict[str, Any] = {}
+    for number, host in enumerate(hosts, 1):
+        server: dict[str, Any] = {
+            "host": host or "localhost", "protocol": protocol,
+            "title": f"{title} (broker URL {shown})", "description": description,
+        }
+        if path:
+            server["pathname"] = path
+        if protocol == "kafka":
+            server["bindings"] = {"kafka": {"bindingVersion": KAFKA_BINDING}}
+        servers[key if len(hosts) == 1 else f"{key}{number}"] = server
+    return servers
+
+
+def _example_servers() -> dict[str, Any]:
     return {
         "redisStreams": {
             "host": "localhost:6379", "pathname": "/0", "protocol": "redis",
@@ -303,11 +355,13 @@ def _routes(app: DebateBus) -> list[_Route]:
     return list(routes.values())
 
 
-def build_asyncapi(source: str | DebateBus = "debate:request") -> dict[str, Any]:
+def build_asyncapi(source: str | DebateBus = "debate:request", *,
+                   broker: str | None = None) -> dict[str, Any]:
     """The AsyncAPI 3.0 document of a ``DebateBus`` app: each event type it subscribes, with its
     completed, failed and dead-letter channels, and its events channel if it publishes events.
     Given an event type instead: a worker serving debates on it with the default group and
-    events channel (channels are derived)."""
+    events channel (channels are derived). ``broker``: the URL whose hosts the servers name (its
+    credentials and query left out); None: an example server on localhost per transport."""
     if isinstance(source, DebateBus):
         routes = _routes(source)
         events_topic = source.events_topic if source.publish_events else None
@@ -322,12 +376,13 @@ def build_asyncapi(source: str | DebateBus = "debate:request") -> dict[str, Any]
     if events_topic is not None:
         channels.update(_events_channel(events_topic))
         operations.update(_events_operation())
+    servers = _example_servers() if broker is None else _broker_servers(broker)
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "id": "urn:debatebus",
         "info": _info(events_topic or EVENTS_TOPIC),
         "defaultContentType": _JSON,
-        "servers": _servers(),
+        **({"servers": servers} if servers else {}),
         "channels": channels,
         "operations": operations,
         "components": {"schemas": schema_components(),

@@ -48,6 +48,7 @@ from debatebus.transports.redis_cluster import Batcher, evalsha, make_batcher
 from debatebus.transports.redis_common import (
     RedisClient,
     build_client,
+    connect_check,
     describe,
     redis_call,
     seed_names,
@@ -208,8 +209,8 @@ class RedisCheckpointStore(CheckpointStore):
     async def _open(self) -> tuple[RedisClient, _Scripts]:
         client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
         try:
-            async with self._bounded():
-                await client.ping()  # fail at startup, with a clear message, not mid-debate
+            # Fail at startup, with a clear message, not mid-debate.
+            await connect_check(client, self._where, self.timeout_s)
             scripts = _Scripts(client)
             await self._load_scripts(client, scripts)
         except BaseException:

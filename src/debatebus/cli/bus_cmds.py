@@ -172,7 +172,13 @@ async def _worker(args: argparse.Namespace) -> int:
 
 def _payload(args: argparse.Namespace) -> dict[str, Any]:
     if args.payload:
-        value = json.loads(args.payload)
+        try:
+            value = json.loads(args.payload)
+        except json.JSONDecodeError as exc:
+            where = args.payload[exc.pos:exc.pos + 20]
+            raise ConfigError(f"--payload must be a JSON object: {exc.msg} (line {exc.lineno},"
+                              f" column {exc.colno}: {where!r}); e.g. --payload "
+                              """'{"input": "Adopt Kafka?"}'""") from None
         if not isinstance(value, dict):
             raise ConfigError("--payload must be a JSON object")
         return value

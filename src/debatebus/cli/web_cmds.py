@@ -31,6 +31,10 @@ def add_parser(sub: Any) -> None:
                           help="without an app: the request event type the workers serve "
                                "(default debate:request)")
     asyncapi.add_argument("--output", "-o", help="write to this file instead of standard output")
+    asyncapi.add_argument("--broker",
+                          help="broker URL whose hosts the document's servers name (never its "
+                               "password or query); default $DEBATEBUS_BROKER, else an example "
+                               "server on localhost for each transport")
     asyncapi.set_defaults(func=_asyncapi)
 
     web = sub.add_parser("web", help="serve the live debate page (needs the web extra)")
@@ -72,7 +76,8 @@ async def _asyncapi(args: argparse.Namespace) -> int:
     if args.app and args.event_type:
         raise ConfigError("give an app or --event-type, not both: the app names its event types")
     source = load_app(args.app) if args.app else args.event_type or "debate:request"
-    text = render_asyncapi(build_asyncapi(source), args.format)
+    broker = args.broker or os.environ.get("DEBATEBUS_BROKER")
+    text = render_asyncapi(build_asyncapi(source, broker=broker), args.format)
     if args.output:
         await asyncio.to_thread(Path(args.output).write_text, text, "utf-8")
     else:

@@ -19,7 +19,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from debatebus.exceptions import ConfigError, LLMResponseError
 from debatebus.llm.base import LLMRequest
-from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
+from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
 from debatebus.llm.retry import (
     DEFAULT_TIMEOUT,
     DEFAULT_TOTAL_TIMEOUT,
@@ -81,7 +81,8 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
     """A Claude model (or any server speaking the Messages API at ``base_url``).
 
     The key comes from ``api_key`` or the SDK's usual sources (``ANTHROPIC_API_KEY``…); a server
-    that is not a paid provider gets a placeholder when none is set. ``temperature`` is sent as an
+    that is not a paid provider gets a placeholder when none is set, and a paid one with none is a
+    ``ConfigError`` here, not a failure on every call. ``temperature`` is sent as an
     extra body field because recent SDKs no longer list it. ``timeout`` bounds one attempt,
     ``total_timeout`` one call over all its attempts and waits. ``retry_policy``, when given,
     replaces the policy built from ``timeout``, ``total_timeout`` and ``max_retries``.
@@ -116,6 +117,12 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
             )
         except (anthropic.AnthropicError, ValueError) as exc:
             raise ConfigError(redact(f"{model}: {exc}", [key])) from None
+        # The SDK starts without credentials and fails each call with a TypeError; refuse here.
+        # ``credentials`` (profiles, workload identity) exists on newer SDKs only.
+        if (client.api_key is None and client.auth_token is None
+                and getattr(client, "credentials", None) is None):
+            raise ConfigError(f"{model}: no API key for {redact(str(client.base_url))}: "
+                              f"{key_hint('ANTHROPIC_API_KEY')}")
         super().__init__(
             model,
             client,

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest
-from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder
+from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
 from debatebus.llm.retry import (
     DEFAULT_TIMEOUT,
     DEFAULT_TOTAL_TIMEOUT,
@@ -208,9 +208,9 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
     keeps the first the server accepts. Either way the answer is validated and repaired once.
 
     The key comes from ``api_key`` or ``OPENAI_API_KEY``; a server that is not a paid provider gets
-    a placeholder when neither is set. ``timeout`` bounds one attempt, ``total_timeout`` one call
-    over all its attempts and waits. ``retry_policy``, when given, replaces the policy built from
-    ``timeout``, ``total_timeout`` and ``max_retries``.
+    a placeholder when neither is set (for a paid one it is a ``ConfigError``). ``timeout`` bounds
+    one attempt, ``total_timeout`` one call over all its attempts and waits. ``retry_policy``, when
+    given, replaces the policy built from ``timeout``, ``total_timeout`` and ``max_retries``.
     """
 
     def __init__(
@@ -238,10 +238,9 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
             client = openai.AsyncOpenAI(
                 api_key=key, base_url=base_url, timeout=timeout, max_retries=0
             )
-        except openai.OpenAIError as exc:
-            raise ConfigError(
-                redact(f"{model}: {exc} (pass api_key= or set OPENAI_API_KEY)", [key])
-            ) from None
+        except openai.OpenAIError as exc:  # no key (the SDK's message lists what it accepts)
+            said = redact(str(exc), [key])
+            raise ConfigError(f"{model}: {key_hint('OPENAI_API_KEY')} ({said})") from None
         super().__init__(
             model,
             client,

@@ -26,7 +26,7 @@ from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
 from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
 from debatebus.redaction import redact, url_secrets
 
-__all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "api_key_or_placeholder"]
+__all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "api_key_or_placeholder", "key_hint"]
 
 # Local servers ignore the key, but the SDKs refuse to start without one.
 _PLACEHOLDER_KEY = "not-needed"
@@ -41,6 +41,11 @@ def api_key_or_placeholder(
     if not key and not is_paid_url(base_url or os.environ.get(base_url_env)):
         key = _PLACEHOLDER_KEY
     return key
+
+
+def key_hint(key_env: str) -> str:
+    """How to give a provider its key, in words that redaction leaves as they are."""
+    return f"set {key_env} or pass api_key=..."
 
 
 class ErrorMap(Protocol):

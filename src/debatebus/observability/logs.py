@@ -250,7 +250,7 @@ class LoggingObserver(Observer):
     def _summary(self, ctx: RequestContext, outcome: Outcome,
                  result: Mapping[str, Any] | None) -> str:
         if outcome == "dead_lettered":
-            return f": moved to {ctx.event_type}:dlq"
+            return f": moved to {ctx.dead_letter_topic}"
         if outcome == "unsettled":
             return ": released unsettled, to be handed out again"
         if result is None:

@@ -124,9 +124,8 @@ class Delivery:
 
     ``id`` is the broker's position (stream entry id, ``partition:offset``…); ``deliveries`` counts
     how many times the message has been handed out (1 the first time) where the broker tracks it.
-    ``token`` is private to the transport that produced the delivery. ``timestamp_ms``: when the
-    broker took the message (ms since the epoch), on deliveries of ``read_range`` where the broker
-    keeps it (Redis Streams, Kafka); None elsewhere.
+    timestamp_ms: int | None = field(default=None, kw_only=True)
+    malformed: str | None = field(default=None, kw_only=True)
     """
 
     topic: str
@@ -137,6 +136,7 @@ class Delivery:
     headers: Mapping[str, str] = field(default_factory=dict)
     token: Any = field(default=None, repr=False, compare=False)
     timestamp_ms: int | None = field(default=None, kw_only=True)
+    malformed: str | None = field(default=None, kw_only=True)
 
 
 class Transport(abc.ABC):
@@ -165,6 +165,11 @@ class Transport(abc.ABC):
 
     async def connect(self) -> None:  # noqa: B027 - optional hook
         """Open connections; idempotent. ``async with`` calls it."""
+
+    def topic_name(self, topic: str) -> str:
+        """The broker's own name for ``topic``, for log lines: the topic itself, unless the
+        transport renames it (Kafka: ``debate.request.dlq``; a Redis Cluster: a hash tag)."""
+        return topic
 
     @abc.abstractmethod
     async def close(self) -> None:

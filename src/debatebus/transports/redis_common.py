@@ -29,6 +29,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import (
     Connection,
+    ConnectionPool,
     SSLConnection,
     UnixDomainSocketConnection,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "build_client",
     "check_client",
     "cluster_url",
+    "connect_check",
     "describe",
     "is_cluster",
     "map_redis_errors",
@@ -85,6 +87,8 @@ RedisClient: TypeAlias = Redis | RedisCluster
 #: The URL parameter that asks for a Redis Cluster (any scheme: Streams, pub/sub, store, limiter).
 _CLUSTER_PARAM = "cluster"
 _TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+#: How Redis answers ``SELECT`` of a database number it does not have.
+_NO_SUCH_DB = "DB index is out of range"
 
 
 class _HiredisPacking:
@@ -272,14 +276,23 @@ def _explain(error: BaseException, where: str) -> str:
     return f"Redis at {where} failed: {cause}"
 
 
+def _no_such_db(error: BaseException) -> bool:
+    """Whether ``error`` is the server's answer to ``SELECT`` of a database it does not have."""
+    return isinstance(error, redis_errors.ResponseError) and str(error).startswith(_NO_SUCH_DB)
+
+
 def transport_error(error: BaseException, where: str) -> TransportError | ConfigError:
     """``error`` as the debatebus error callers catch, the original as its cause: a
-    ``ConfigError`` when Redis refused the credentials (wrong auth is misconfiguration: retrying
-    cannot fix it), a ``TransportError`` otherwise. Messages never quote the credentials."""
+    ``ConfigError`` for misconfiguration that retrying cannot fix (Redis refused the credentials,
+    or has no database of the URL's number), a ``TransportError`` otherwise. Messages never quote
+    the credentials."""
     mapped: TransportError | ConfigError
     if isinstance(error, redis_errors.AuthenticationError | redis_errors.AuthorizationError):
         mapped = ConfigError(f"Redis at {where} refused the credentials: check the user and"
                              f" password in the URL ({type(error).__name__}: {error})")
+    elif _no_such_db(error):
+        mapped = ConfigError(f"Redis at {where} has no database of the number in the URL (the"
+                             f" /N after host:port): pick one it has ({error})")
     else:
         mapped = TransportError(_explain(error, where))
     mapped.__cause__ = error
@@ -302,6 +315,41 @@ async def redis_call(where: str, timeout: float) -> AsyncIterator[None]:
     with map_redis_errors(where):
         async with asyncio.timeout(timeout):
             yield
+
+
+async def connect_check(client: RedisClient, where: str, timeout: float) -> None:
+    """The check a Redis component makes when it connects: a PING bounded by ``timeout``, its
+    errors mapped. A database the server does not have (``redis://host/99``) is a
+    ``ConfigError`` that says how many it has: one more connection, on database 0, asks it."""
+    try:
+        async with redis_call(where, timeout):
+            await client.ping()
+    except ConfigError as e:
+        cause = e.__cause__
+        if is_cluster(client) or cause is None or not _no_such_db(cause):
+            raise
+        pool = cast(Redis, client).connection_pool  # a cluster has database 0 only
+        db = pool.connection_kwargs.get("db")
+        raise ConfigError(f"Redis at {where}: database {db} does not exist on this server"
+                          f" ({await _databases(pool, timeout)}): fix the /N after host:port in"
+                          " the URL") from cause
+
+
+async def _databases(pool: ConnectionPool, timeout: float) -> str:
+    """How many databases the server of ``pool`` has, in words (``CONFIG GET`` may be refused)."""
+    first = Redis(connection_pool=ConnectionPool(
+        connection_class=pool.connection_class, **{**pool.connection_kwargs, "db": 0}))
+    try:
+        async with asyncio.timeout(timeout):
+            reply = await first.config_get("databases")  # redis-py decodes it: {"databases": "16"}
+    except (redis_errors.RedisError, OSError, TimeoutError):
+        reply = {}
+    finally:
+        await first.aclose(close_connection_pool=True)
+    count = reply.get("databases") or ""
+    if not count.isdigit():
+        return "CONFIG GET databases was refused, so how many it has is unknown; 16 by default"
+    return f"it has {count}: databases 0..{int(count) - 1}"
 
 
 def _bulk(arg: Any) -> bytes:

@@ -97,7 +97,16 @@ def entry_to_delivery(topic: str, entry_id: bytes | str, fields: Mapping[bytes, 
     key = fields.get(KEY)
     return Delivery(topic, body_of(fields), ident, deliveries,
                     key.decode(errors="replace") if key is not None else None,
-                    headers_of(fields), token)
+                    headers_of(fields), token,
+                    malformed=None if body is not None else _no_envelope(fields))
+
+
+def _no_envelope(fields: Mapping[bytes, bytes]) -> str:
+    """Why an entry without an ``envelope`` field is not a message: the fields it has instead."""
+    names = [name.decode(errors="replace") for name in fields]
+    return (f"stream entry has fields {names}, expected {ENVELOPE.decode()!r} holding the JSON "
+            'envelope: XADD <stream> * envelope \'{"requestId": "<id>", "payload": {…}}\' '
+            "(Synkro's producers PUBLISH instead: serve them on redis+pubsub://)")
 
 
 def body_of(fields: Mapping[bytes, bytes]) -> bytes:

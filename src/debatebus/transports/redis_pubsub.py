@@ -69,6 +69,7 @@ from debatebus.transports.redis_common import (
     build_client,
     check_client,
     cluster_url,
+    connect_check,
     describe,
     is_cluster,
     log,
@@ -138,8 +139,7 @@ class RedisPubSubTransport(Transport):
             return
         if self._client is None:
             self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        async with redis_call(self._where, self._timeout):
-            await self._client.ping()
+        await connect_check(self._client, self._where, self._timeout)
         self._closed = False
         self._tell_db(self._client)
         self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,

@@ -93,6 +93,7 @@ from debatebus.transports.redis_common import (
     build_client,
     check_client,
     cluster_url,
+    connect_check,
     describe,
     is_cluster,
     log,
@@ -194,8 +195,7 @@ class RedisStreamsTransport(Transport):
         link = self._link
         if link.client is None:
             link.client = build_client(self._url, connect_timeout=self._connect_timeout)
-        async with link.call():
-            await link.client.ping()
+        await connect_check(link.client, link.where, link.timeout)
         link.closed = False
         self._batcher = make_batcher(link.client, link.where, timeout=link.timeout,
                                      seeds=seed_names(self._url))
@@ -214,6 +214,9 @@ class RedisStreamsTransport(Transport):
             client, link.client = link.client, None
             with contextlib.suppress(redis_errors.RedisError, OSError):
                 await client.aclose()
+
+    def topic_name(self, topic: str) -> str:
+        return self._key(topic)
 
     def _submit_to(self) -> Batcher:
         if self._batcher is None:

@@ -1,11 +1,14 @@
 """aiokafka failures as ``TransportError``s that say what to check (``MessageTooLargeError`` for
-records too large), and shutdown steps that log their failures instead of raising them."""
+records too large), shutdown steps that log their failures instead of raising them, and
+``QuietOutage``, which keeps aiokafka's retries from repeating the same error while a broker is
+down."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Awaitable, Iterable, Iterator
 from typing import Any, Final
 
@@ -29,6 +32,7 @@ from debatebus.exceptions import MessageTooLargeError, TransportError
 
 __all__ = [
     "KAFKA_ERRORS",
+    "QuietOutage",
     "kafka_errors",
     "logger",
     "lost_topic",
@@ -97,6 +101,81 @@ def too_large(topics: Iterable[str], size: int, limit: int, *, by_broker: bool) 
     return MessageTooLargeError(f"Kafka: a {size}-byte record for {', '.join(sorted(topics))} is "
                                 f"too large: {why}",
                                 size=size, limit=limit)
+
+
+#: The aiokafka loggers that report a broker it cannot reach (each of its modules has its own, and
+#: a filter on a logger sees only that logger's records).
+_AIOKAFKA_LOGGERS: Final = (
+    "aiokafka", "aiokafka.conn", "aiokafka.cluster", "aiokafka.admin.client",
+    "aiokafka.consumer.consumer", "aiokafka.consumer.fetcher",
+    "aiokafka.consumer.group_coordinator", "aiokafka.producer.producer",
+    "aiokafka.producer.sender",
+)
+
+
+class _FirstOfEachKind(logging.Filter):
+    """Lets the first WARNING-or-worse record of each kind (logger and message template) through;
+    its repeats are dropped, or lowered to DEBUG when their logger is enabled for DEBUG."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, object]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        kind = (record.name, record.msg)
+        if kind not in self._seen:
+            self._seen.add(kind)
+            return True
+        if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+class _Shared:
+    """The one filter on the aiokafka loggers (they are the process's), and how many hold it."""
+
+    holders = 0
+    repeats: _FirstOfEachKind | None = None
+
+
+class QuietOutage:
+    """One transport's hold on quiet aiokafka logs: while the broker cannot be reached, aiokafka
+    retries on its own and logs each failed try (about one ERROR a second per client, hundreds a
+    minute once a member lost its broker) beside the worker's one outage warning.
+
+    ``hold`` when an attempt that may fail starts (a connect) or when one failed (a produce);
+    ``release`` once the broker answered, and at close. While any transport holds it, the first
+    WARNING-or-worse record of each kind on the aiokafka loggers is logged and its repeats are
+    not (they stay at DEBUG for a logger set to DEBUG). Public logging API only: a filter on each
+    aiokafka logger, removed when the last hold is released. A hold is released too when its
+    ``owner`` is collected (a transport dropped after a failed connect, never closed)."""
+
+    def __init__(self, owner: object) -> None:
+        self._holding = False
+        weakref.finalize(owner, self.release)
+
+    def hold(self) -> None:
+        if self._holding:
+            return
+        self._holding = True
+        if _Shared.holders == 0:
+            _Shared.repeats = _FirstOfEachKind()
+            for name in _AIOKAFKA_LOGGERS:
+                logging.getLogger(name).addFilter(_Shared.repeats)
+        _Shared.holders += 1
+
+    def release(self) -> None:
+        if not self._holding:
+            return
+        self._holding = False
+        _Shared.holders -= 1
+        if _Shared.holders == 0 and _Shared.repeats is not None:
+            for name in _AIOKAFKA_LOGGERS:
+                logging.getLogger(name).removeFilter(_Shared.repeats)
+            _Shared.repeats = None
 
 
 def lost_topic(exc: TransportError) -> bool:

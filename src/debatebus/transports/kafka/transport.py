@@ -37,10 +37,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from debatebus.exceptions import ConfigError, TransportError
+from debatebus.exceptions import ConfigError, MessageTooLargeError, TransportError
 from debatebus.retention import DEFAULT_RETENTION_S
 from debatebus.transports.base import Delivery, Outgoing, Transport
 from debatebus.transports.kafka.errors import (
+    QuietOutage,
     kafka_errors,
     logger,
     lost_topic,
@@ -116,11 +117,15 @@ class KafkaTransport(Transport):
         self._topics = Topics(self.settings, self._admin_client)
         self._members: set[Member] = set()
         self._readers: set[AIOKafkaConsumer] = set()
+        self._quiet = QuietOutage(self)
 
     # -- connections -----------------------------------------------------------------------
 
     async def connect(self) -> None:
+        # Held from the first try: a broker that is down shows its first error, not each retry's.
+        self._quiet.hold()
         await self._ready()
+        self._quiet.release()
 
     async def _ready(self) -> tuple[AIOKafkaProducer, AIOKafkaAdminClient]:
         """The producer and admin client, connecting them on first use."""
@@ -169,17 +174,25 @@ class KafkaTransport(Transport):
         """Commit what is settled, leave the groups, flush and stop the producer. Deliveries
         still unsettled stay uncommitted: the partitions' next owners redeliver them."""
         members, self._members = self._members, set()
-        await asyncio.gather(*(m.stop() for m in members),
-                             *(self._drop_reader(r) for r in list(self._readers)))
-        producer, admin = self._producer, self._admin
-        self._producer = self._admin = None
-        self._topics.forget()  # a broker restarted meanwhile may have lost them (Tansu's memory://)
-        if producer is not None:
-            await quietly(producer.stop(), "flushing the producer", self.settings.request_timeout)
-        if admin is not None:
-            await quietly(admin.close(), "closing the admin client", self.settings.request_timeout)
+        try:
+            await asyncio.gather(*(m.stop() for m in members),
+                                 *(self._drop_reader(r) for r in list(self._readers)))
+            producer, admin = self._producer, self._admin
+            self._producer = self._admin = None
+            self._topics.forget()  # a restarted broker may have lost them (Tansu's memory://)
+            if producer is not None:
+                await quietly(producer.stop(), "flushing the producer",
+                              self.settings.request_timeout)
+            if admin is not None:
+                await quietly(admin.close(), "closing the admin client",
+                              self.settings.request_timeout)
+        finally:  # once the clients stopped: a producer flushing to a lost broker retries too
+            self._quiet.release()
 
     # -- topics ----------------------------------------------------------------------------
+
+    def topic_name(self, topic: str) -> str:
+        return kafka_topic(topic)
 
     async def ensure_topics(self, topics: Sequence[str]) -> None:
         await self._topics.ensure(topic_names(topics))
@@ -202,13 +215,18 @@ class KafkaTransport(Transport):
         if size > self.settings.max_request_size:  # checked before producing any: a call fails whole
             raise too_large(topics, size, self.settings.max_request_size, by_broker=False)
         try:
-            return await self._produce(records, topics, size)
+            produced = await self._produce(records, topics, size)
+        except MessageTooLargeError:
+            raise
         except TransportError as exc:
             if not lost_topic(exc):
+                self._quiet.hold()  # the broker is unreachable (or refuses): quiet until it answers
                 raise
             logger.warning("%s; ensuring the topics exist and producing again", exc)
             await self._topics.recheck(topics)
-            return await self._produce(records, topics, size)
+            produced = await self._produce(records, topics, size)
+        self._quiet.release()
+        return produced
 
     async def _produce(self, records: Sequence[Record], topics: set[str],
                        size: int) -> list[Any]:
