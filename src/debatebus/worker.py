@@ -365,7 +365,7 @@ class DebateBus:
                 await slots.acquire()
                 self._link.back()
                 # The task's own slot, which its handler may lend out while it waits (ctx.waiting).
-                slot, context = Slot(slots), contextvars.copy_context()
+                slot, context = Slot(slots, self.transport, delivery), contextvars.copy_context()
                 context.run(current_slot.set, slot)
                 task = asyncio.create_task(settler.process(delivery), context=context)
                 self._inflight[task] = delivery

@@ -7,6 +7,12 @@ the consumer keeps heartbeating and its ``max_poll_interval_ms`` clock (which ai
 between ``getmany`` calls, not between messages) never runs out, however long a debate takes:
 the default 300 000 ms is fine and only bounds a wedged event loop.
 
+Lent slots: a record whose handler lent its worker slot out to wait on other requests (a parent
+waiting for its sub-debates, ``Transport.slot_lent``) stays unsettled but does not count toward
+``prefetch`` until the slot is taken back. Otherwise a worker whose every slot waited on a child
+paused every partition, and the children it waited for were never fetched: at concurrency 1 a
+parent waited out its whole sub-debate deadline before its child ran.
+
 Shutdown: closing the ``consume()`` iterator only detaches it. The member pauses every partition
 but stays in the group with its bookkeeping, so deliveries still in flight (a worker draining)
 commit when they are settled. ``stop()`` (the transport's ``close()``) commits the settled
@@ -95,7 +101,7 @@ class Member:
         self._mark_at = mark_at
         self.parts: dict[TopicPartition, Partition] = {}
         self.buffer: deque[Delivery] = deque()
-        self.unsettled = 0  # fetched (buffered or handed out) and not yet settled
+        self.unsettled = 0  # fetched (buffered or handed out) and not yet settled; some lent
         self.handed_out = 0  # deliveries handed out, for HANDOUT_BURST
         self.ready = asyncio.Event()
         self.settled = asyncio.Event()
@@ -229,7 +235,7 @@ class Member:
     async def _poll_once(self) -> None:
         self.apply_backpressure()
         batch = await self.consumer.getmany(
-            timeout_ms=POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
+            timeout_ms=POLL_MS, max_records=max(1, self.prefetch - self._holding()))
         for tp, records in batch.items():
             for record in records:
                 self._take(tp, record)
@@ -262,13 +268,25 @@ class Member:
         # assigned partition is paused, since any record fetched would exceed the bound.
         if self.stopped:
             return
-        if not self.attached or self.checking or self.unsettled >= self.prefetch:
+        full = self.unsettled >= self.prefetch and self._holding() >= self.prefetch
+        if not self.attached or self.checking or full:
             if not self.paused:
                 self.consumer.pause(*self.consumer.assignment())
                 self.paused = True
         elif self.paused:
             self.consumer.resume(*self.consumer.paused())
             self.paused = False
+
+    def _holding(self) -> int:
+        """The unsettled records that count toward ``prefetch``: all but those whose handler
+        lent its slot out (see "Lent slots" in the module docstring)."""
+        return self.unsettled - sum(len(part.lent) for part in self.parts.values())
+
+    def lend(self, token: Token, lent: bool) -> None:
+        """The record's handler lent its slot out (``lent``) or took it back."""
+        part = self._current(token)
+        if part is not None and part.lend(token.offset, lent):
+            self.apply_backpressure()
 
     def _current(self, token: Token) -> Partition | None:
         """The token's partition bookkeeping if this member still owns that assignment."""
