@@ -147,7 +147,8 @@ class DebateBus:
         return {event_type: route.handler for event_type, route in self.routes.items()}
 
     def add_observer(self, observer: Observer) -> None:
-        """Let ``observer`` watch this worker too (metrics, traces, logs); call before ``run``."""
+        """Let ``observer`` watch this worker too (metrics, traces, logs); call before ``run``.
+        A hook that raises is logged once and ignored: it never changes how a request is settled."""
         self.observers.append(observer)
         self.observer = fan_out(self.observers)
 
