@@ -5,7 +5,10 @@ Liveness: a background task keeps calling ``getmany`` whatever the handlers are 
 ``prefetch`` records are unsettled it pauses the assigned partitions instead of not polling. So
 the consumer keeps heartbeating and its ``max_poll_interval_ms`` clock (which aiokafka measures
 between ``getmany`` calls, not between messages) never runs out, however long a debate takes:
-the default 300 000 ms is fine and only bounds a wedged event loop.
+the default 300 000 ms is fine and only bounds a wedged event loop. The loop handles Kafka's errors
+itself; anything else is logged and the loop runs again (``debatebus.supervisor``), and if it
+keeps failing, ``next()`` raises a ``DebatebusError`` (no ``TransportError``), which stops the
+worker instead of leaving it consuming nothing.
 
 Lent slots: a record whose handler lent its worker slot out to wait on other requests (a parent
 waiting for its sub-debates, ``Transport.slot_lent``) stays unsettled but does not count toward
@@ -42,8 +45,11 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
-from debatebus.exceptions import TransportError
+from debatebus.backoff import Backoff
+from debatebus.exceptions import DebatebusError, TransportError
 from debatebus.loops import retrieved
+from debatebus.redaction import redact
+from debatebus.supervisor import supervise
 from debatebus.transports.base import Delivery
 from debatebus.transports.kafka.errors import (
     KAFKA_ERRORS,
@@ -105,12 +111,15 @@ class Member:
         self.handed_out = 0  # deliveries handed out, for HANDOUT_BURST
         self.ready = asyncio.Event()
         self.settled = asyncio.Event()
-        self.error: TransportError | None = None
+        #: What ``next()`` raises: a ``TransportError`` the worker waits out like an outage (it
+        #: consumes again, which restarts fetching), or the fetch loop given up (it stops).
+        self.error: DebatebusError | None = None
         self.attached = False  # a consume() iterator is taking deliveries
         self.checking = False  # a new assignment's committed offsets are being checked
         self.stopped = False
         self.paused = False
         self._fetcher: asyncio.Task[None] | None = None
+        self._retry = Backoff()  # between polls that failed with a retriable Kafka error
         self._watch: asyncio.TimerHandle | None = None
         self._stopping: asyncio.Future[None] | None = None
         self._commit_lock = asyncio.Lock()
@@ -131,8 +140,10 @@ class Member:
         self.attached = True
         self.error = None
         if self._fetcher is None or self._fetcher.done():
-            self._fetcher = asyncio.create_task(self._fetch_loop(),
-                                                name=f"kafka-fetch-{self.group}")
+            self._fetcher = asyncio.create_task(
+                supervise(f"the Kafka fetch loop of group {self.group!r}", self._fetch_loop,
+                          log=logger, died=self._fetching_died, backoff=Backoff()),
+                name=f"kafka-fetch-{self.group}")
         self.apply_backpressure()
 
     def detach(self) -> None:
@@ -216,6 +227,8 @@ class Member:
                                                                              deliveries=count)
 
     async def _fetch_loop(self) -> None:
+        """Poll until stopped. Kafka's errors are handled here (a retriable one is retried with
+        backoff, another ends the loop as ``self.error``); anything else is ``supervise``'s."""
         while not self.stopped:
             try:
                 await self._poll_once()
@@ -224,13 +237,22 @@ class Member:
                     break
                 if isinstance(exc, KafkaError) and exc.retriable:
                     logger.warning("group %s: %r while polling; retrying", self.group, exc)
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(self._retry.next())
                     continue
                 self.error = translate(exc, f"polling for group {self.group!r}",
                                         self.settings.servers)
                 logger.error("%s", self.error)
                 break
+            self._retry.reset()
         self.ready.set()  # wakes next(), which reports the error or the end
+
+    def _fetching_died(self, exc: Exception) -> None:
+        """The fetch loop kept failing on an error nobody expected: ``next()`` raises, and the
+        worker stops (not a ``TransportError``: consuming again would not get past it)."""
+        self.error = DebatebusError(
+            f"Kafka: the fetch loop of group {self.group!r} stopped: {redact(repr(exc))}; nothing "
+            "more is consumed (the error is logged with its traceback)")
+        self.ready.set()
 
     async def _poll_once(self) -> None:
         self.apply_backpressure()
