@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
@@ -11,6 +13,7 @@ from typing import Any, Self
 
 from debatebus.exceptions import TransportError
 from debatebus.observability.tracing import inject_traceparent
+from debatebus.redaction import redact
 from debatebus.schemas.envelope import (
     ENVELOPE_DECODER,
     ENVELOPE_ENCODER,
@@ -20,9 +23,12 @@ from debatebus.schemas.envelope import (
     new_message_id,
     now_iso,
 )
+from debatebus.supervisor import supervise
 from debatebus.transports import Delivery, Outgoing, Transport, broker_url, transport_from_url
 
 __all__ = ["Answers", "BusClient", "request_message"]
+
+log = logging.getLogger("debatebus.client")
 
 
 class BusClient:
@@ -126,6 +132,7 @@ class _Listener:
     burst ended, and Redis's connection with it: a reconnect per burst.)"""
 
     def __init__(self, transport: Transport, event_type: str) -> None:
+        self.event_type = event_type
         self.topics = _result_topics(event_type)
         self.waiting: dict[str, asyncio.Future[Envelope]] = {}
         #: The messageId a waiter's result must be caused by, for the waiters that ask so.
@@ -146,7 +153,9 @@ class _Listener:
             self.closed = True  # the next request subscribes anew
             raise
         if self._task is None:
-            self._task = asyncio.create_task(self._hand_out(subscription))
+            self._task = asyncio.create_task(supervise(
+                f"the result listener for {self.event_type}",
+                functools.partial(self._hand_out, subscription), log=log, died=self._died))
         return future
 
     async def close(self) -> None:
@@ -161,7 +170,9 @@ class _Listener:
             await self._subscribed.result().aclose()  # type: ignore[attr-defined]
 
     async def _hand_out(self, subscription: AsyncIterator[Delivery]) -> None:
-        error: Exception = TransportError(f"the subscription to {self.topics} ended")
+        """Hand each result to its waiter until the subscription ends or fails; anything else
+        it raises is ``supervise``'s (``_died``)."""
+        error = TransportError(f"the subscription to {self.topics} ended")
         try:
             async for delivery in subscription:
                 envelope = _decode(delivery)
@@ -174,6 +185,14 @@ class _Listener:
                     future.set_result(envelope)
         except TransportError as exc:
             error = exc
+        self._fail(error)
+
+    def _died(self, exc: Exception) -> None:
+        self._fail(TransportError(f"the result listener for {self.event_type} stopped: "
+                                   f"{redact(repr(exc))}"))
+
+    def _fail(self, error: TransportError) -> None:
+        """Wake every waiter with ``error``; the next request subscribes anew."""
         self.closed = True
         for rid, future in self.waiting.items():
             if not future.done():

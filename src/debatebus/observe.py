@@ -1,11 +1,13 @@
 """Hooks through which metrics, traces and logs watch a worker, without the worker knowing them.
 
 An ``Observer`` gets every request's lifecycle and, while a debate runs, its events (turns,
-verdicts, rounds…). Hooks are synchronous and must be cheap: they run on the event loop.
+verdicts, rounds…). Hooks are synchronous and must be cheap: they run on the event loop. A hook
+that raises is logged once and ignored (``fan_out``): it never changes how a request is settled.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
     from debatebus.handlers.contract import HandlerResult
 
 __all__ = ["Observer", "Outcome", "RequestContext", "fan_out"]
+
+log = logging.getLogger("debatebus.worker")
 
 Outcome = Literal["completed", "failed", "replayed", "bad_input", "dead_lettered", "unsettled"]
 
@@ -63,30 +67,51 @@ class Observer:
 
 
 def fan_out(observers: Sequence[Observer]) -> Observer | None:
-    """One observer calling all of them, or None when there are none (the worker's fast path)."""
+    """One observer calling all of them, or None when there are none (the worker's fast path).
+    Every call is guarded here, the one place the worker calls observers through: an observer
+    that raises is logged once per hook (with its traceback) and otherwise ignored, so it never
+    changes how a request is settled, nor keeps the other observers from their call."""
     if not observers:
         return None
-    if len(observers) == 1:
-        return observers[0]
-    return _Many(tuple(observers))
+    return _FanOut(tuple(observers))
 
 
-class _Many(Observer):
+class _FanOut(Observer):
     def __init__(self, observers: tuple[Observer, ...]) -> None:
         self.observers = observers
+        self._logged: set[tuple[int, str]] = set()  # (observer's index, hook) logged already
+
+    def _raised(self, index: int, hook: str) -> None:
+        """Called in the ``except`` of a hook that raised: log it the first time only."""
+        if (index, hook) in self._logged:
+            return
+        self._logged.add((index, hook))
+        log.error("observer %r raised in %s; ignored (the request is settled as if it had not), "
+                  "and its later errors in %s are not logged", self.observers[index], hook, hook,
+                  exc_info=True)
 
     def request_started(self, ctx: RequestContext) -> None:
-        for o in self.observers:
-            o.request_started(ctx)
+        for i, o in enumerate(self.observers):
+            try:
+                o.request_started(ctx)
+            except Exception:
+                self._raised(i, "request_started")
 
     def debate_event(self, ctx: RequestContext, event: DebateEvent) -> None:
-        for o in self.observers:
-            o.debate_event(ctx, event)
+        for i, o in enumerate(self.observers):
+            try:
+                o.debate_event(ctx, event)
+            except Exception:
+                self._raised(i, "debate_event")
 
     def debate_event_types(self) -> frozenset[type[DebateEvent]] | None:
         wanted: set[type[DebateEvent]] = set()
-        for o in self.observers:
-            types = o.debate_event_types()
+        for i, o in enumerate(self.observers):
+            try:
+                types = o.debate_event_types()
+            except Exception:
+                self._raised(i, "debate_event_types")
+                types = None  # it reads what it reads: every kind
             if types is None:
                 return None
             wanted |= types
@@ -94,11 +119,17 @@ class _Many(Observer):
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
                          result: HandlerResult | None, duration_s: float) -> None:
-        for o in self.observers:
-            o.request_finished(ctx, outcome, result, duration_s)
+        for i, o in enumerate(self.observers):
+            try:
+                o.request_finished(ctx, outcome, result, duration_s)
+            except Exception:
+                self._raised(i, "request_finished")
 
     def outgoing_headers(self, ctx: RequestContext) -> Mapping[str, str]:
         merged: dict[str, str] = {}
-        for o in self.observers:
-            merged.update(o.outgoing_headers(ctx))
+        for i, o in enumerate(self.observers):
+            try:
+                merged.update(o.outgoing_headers(ctx))
+            except Exception:
+                self._raised(i, "outgoing_headers")
         return merged

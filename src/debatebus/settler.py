@@ -84,8 +84,9 @@ class Route:
 
 @dataclass(slots=True)
 class Settler:
-    """What settling needs of a worker: its routes, limits, observers and event channel, and
-    ``release`` (stop holding a delivery, so the broker hands it out again)."""
+    """What settling needs of a worker: its routes, limits, observers (``observe.fan_out``'s,
+    which keeps an observer's error from reaching a settle) and event channel, and ``release``
+    (stop holding a delivery, so the broker hands it out again)."""
 
     transport: Transport
     routes: Mapping[str, Route]

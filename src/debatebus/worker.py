@@ -9,8 +9,10 @@ result and ack, exactly once). Every handler is called one way, ``await handle(p
 
 Broker outages do not stop the worker: consuming and settling reconnect with capped, jittered
 backoff (one WARNING when the outage starts, one INFO when it ends) while in-flight debates keep
-running. Only misconfiguration (``ConfigError``: a bad URL, wrong credentials) is fatal; a broker
-that cannot be reached at start-up is waited for like an outage.
+running. Only misconfiguration (``ConfigError``: a bad URL, wrong credentials) is fatal, and a
+background task of the transport that keeps failing on an error nobody expected (the Kafka fetch
+loop: a ``DebatebusError`` that is no ``TransportError``, logged with its traceback where it
+happened); a broker that cannot be reached at start-up is waited for like an outage.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import signal
@@ -27,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
 
+from debatebus.backoff import Backoff
 from debatebus.broker_link import BrokerLink, broker_where
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import Answers, request_message
@@ -39,7 +43,8 @@ from debatebus.handlers.contract import Handler, Slot, adapt, current_slot
 from debatebus.handlers.handler import attach_default_stores
 from debatebus.observability.heartbeat import beat_forever, send_last_beat
 from debatebus.observe import Observer, fan_out
-from debatebus.settler import Route, Settler
+from debatebus.settler import BACKOFF_BASE_S, BACKOFF_CAP_S, Route, Settler
+from debatebus.supervisor import supervise
 from debatebus.transports import (
     Delivery,
     MemoryTransport,
@@ -156,7 +161,8 @@ class DebateBus:
         return {event_type: route.handler for event_type, route in self.routes.items()}
 
     def add_observer(self, observer: Observer) -> None:
-        """Let ``observer`` watch this worker too (metrics, traces, logs); call before ``run``."""
+        """Let ``observer`` watch this worker too (metrics, traces, logs); call before ``run``.
+        A hook that raises is logged once and ignored: it never changes how a request is settled."""
         self.observers.append(observer)
         self.observer = fan_out(self.observers)
 
@@ -311,9 +317,12 @@ class DebateBus:
         if not self.heartbeat_interval_s:
             return None
         link = self._link
-        return asyncio.create_task(beat_forever(
-            self.transport, self.group, self.consumer, self.heartbeat_interval_s,
-            lambda: len(self._inflight), connected=lambda: link.up, wake=link.wake))
+        beating = functools.partial(
+            beat_forever, self.transport, self.group, self.consumer, self.heartbeat_interval_s,
+            lambda: len(self._inflight), connected=lambda: link.up, wake=link.wake)
+        # Given up, it leaves the heartbeat stale: what debatebus check reports.
+        return asyncio.create_task(supervise("the worker's heartbeat", beating, log=log,
+                                             backoff=Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)))
 
     async def _announce_stop(self, beating: asyncio.Task[None] | None) -> None:
         """Stop beating and say so, so ``debatebus check`` fails within seconds of a SIGTERM."""
@@ -337,8 +346,8 @@ class DebateBus:
                        self._answers)
 
     async def _consume(self, settler: Settler) -> None:
-        """Consume until the transport closes; a broker error reconnects after a backoff. A
-        ``ConfigError`` ends it (and ``run``)."""
+        """Consume until the transport closes; a broker error reconnects after a backoff. Any
+        other error (a ``ConfigError``, a transport's loop given up) ends it, and ``run``."""
         slots = asyncio.Semaphore(self.concurrency)
         topics = list(self.routes)
         ensured = False
@@ -375,7 +384,7 @@ class DebateBus:
                 await slots.acquire()
                 self._link.back()
                 # The task's own slot, which its handler may lend out while it waits (ctx.waiting).
-                slot, context = Slot(slots), contextvars.copy_context()
+                slot, context = Slot(slots, self.transport, delivery), contextvars.copy_context()
                 context.run(current_slot.set, slot)
                 task = asyncio.create_task(settler.process(delivery), context=context)
                 self._inflight[task] = delivery

@@ -9,7 +9,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
-from tests.bus.conftest import memory_app, running
+import pytest
+from tests.bus.conftest import memory_app, running, transport_options
+from tests.bus.test_worker import warm_up
 
 from debatebus import Debate, FunctionLLM, LLMRequest, Participant
 from debatebus.client import BusClient
@@ -327,3 +329,52 @@ async def test_a_result_planted_under_a_childs_id_is_not_taken_for_its_answer():
     assert revision_of(result, "alice") == f"alice revised after the panel: {PANEL_SAYS}"
     (listed,) = result.payload["debateSubDebates"]
     assert listed["synthesis"] == PANEL_SAYS
+
+
+#: Long enough that no child on a working bus comes near it, short enough that a deadlocked
+#: worker (Kafka paused every partition while its one parent waited) fails the test in seconds.
+CHILD_DEADLINE_S = 15.0
+
+
+@pytest.mark.parametrize("bus_url", ["redis_streams", "redis_pubsub", "kafka"], indirect=True)
+@pytest.mark.parametrize("concurrency", [1, 3])
+async def test_parents_waiting_on_every_slot_get_their_children_on_every_bus(
+        bus_url: str, concurrency: int) -> None:
+    """As many parents as the worker has slots, all waiting for a child at once, each child
+    served by the same worker: every child runs while every parent waits (the children hold
+    each other up until all of them are running), and no parent degrades. (On Kafka the parents'
+    records stayed unsettled while they waited, and the group member paused every partition at
+    ``concurrency`` unsettled records: no child was fetched until a parent gave up at its
+    deadline.)"""
+    parent_type, security_type = types()
+    ping = f"ping:{uuid.uuid4().hex[:8]}"
+    running_children: set[str] = set()
+    all_running = asyncio.Event()
+
+    async def panel(payload: Mapping[str, Any]) -> dict[str, Any]:
+        running_children.add(payload["parentDebateId"])
+        if len(running_children) == concurrency:
+            all_running.set()
+        await asyncio.wait_for(all_running.wait(), CHILD_DEADLINE_S)
+        return {**payload, "debateStatus": "completed", "debateSynthesis": PANEL_SAYS}
+
+    async def pong(payload: Mapping[str, Any]) -> dict[str, Any]:
+        return {**payload, "debateStatus": "completed"}
+
+    app = DebateBus(bus_url, group=f"g-{uuid.uuid4().hex[:8]}", concurrency=concurrency,
+                    transport_options=transport_options(bus_url))
+    app.subscribe(parent_type, launch(Calls(parent_answer).llm, security_type,
+                                      deadline_s=CHILD_DEADLINE_S).as_handler())
+    app.subscribe(security_type, panel)
+    app.subscribe(ping, pong)  # answered once the worker listens (pub/sub drops what is before)
+    async with running(app), BusClient(bus_url, **transport_options(bus_url)) as client:
+        await warm_up(client, ping)
+        results = await asyncio.gather(*(
+            client.request(parent_type, {"input": QUESTION}, request_id=f"p{i}-{uuid.uuid4().hex[:6]}",
+                           timeout=4 * CHILD_DEADLINE_S) for i in range(concurrency)))
+
+    assert len(running_children) == concurrency
+    for result in results:
+        (listed,) = result.payload["debateSubDebates"]
+        assert (listed["status"], listed.get("error")) == ("completed", None)
+        assert revision_of(result, "alice") == f"alice revised after the panel: {PANEL_SAYS}"

@@ -193,6 +193,23 @@ def test_partition_bookkeeping_skips_offset_gaps_and_forgets_unhanded_tail() -> 
     assert part.commit_at == 9
 
 
+def test_partition_bookkeeping_of_lent_slots() -> None:
+    """Only a handed-out, unsettled record is lent; settling, handing it out again or forgetting
+    it ends the loan, so a lent record never outlives its place in ``unsettled``."""
+    part = Partition()
+    for offset in (1, 2, 3, 4):
+        part.add(offset)
+    assert not part.lend(1, True)  # still in the buffer: not handed out
+    for offset in (1, 2, 3, 4):
+        part.hand_out(offset)
+    assert part.lend(1, True) and part.lend(2, True) and part.lend(3, True) and part.lend(4, True)
+    assert not part.lend(1, True)  # lent already
+    assert part.lend(1, False) and not part.lend(1, False)  # taken back, once
+    assert part.settle(2) and part.put_back(3) and part.forget_from(4) == 1
+    assert part.lent == set()
+    assert not part.lend(2, True)  # settled: nothing to lend
+
+
 # -- takeover ------------------------------------------------------------------------------------
 
 DOOMED = """

@@ -42,12 +42,18 @@ Status = Literal["completed", "failed"]
 
 
 class Slot:
-    """One of a worker's ``concurrency`` permits, held by the task handling one delivery."""
+    """One of a worker's ``concurrency`` permits, held by the task handling ``delivery``. Its
+    handler may lend it out while it waits on other requests (``HandlerContext.waiting``):
+    ``transport`` is told both ways (``Transport.slot_lent``), so the delivery does not hold a
+    place the requests it waits for need."""
 
-    __slots__ = ("_permits", "held")
+    __slots__ = ("_delivery", "_permits", "_transport", "held")
 
-    def __init__(self, permits: asyncio.Semaphore) -> None:
+    def __init__(self, permits: asyncio.Semaphore, transport: Transport,
+                 delivery: Delivery) -> None:
         self._permits = permits
+        self._transport = transport
+        self._delivery = delivery
         self.held = True
 
     def release(self) -> None:
@@ -56,9 +62,19 @@ class Slot:
             self.held = False
             self._permits.release()
 
-    async def take(self) -> None:
-        await self._permits.acquire()
-        self.held = True
+    def lend(self) -> None:
+        """Give the permit back while the handler waits on other requests."""
+        self.release()
+        self._transport.slot_lent(self._delivery, True)
+
+    async def take_back(self) -> None:
+        """Wait for a free permit and hold it again (the delivery counts again even when the
+        wait is cancelled: its task is ending, and settles or releases it)."""
+        try:
+            await self._permits.acquire()
+            self.held = True
+        finally:
+            self._transport.slot_lent(self._delivery, False)
 
 
 #: The slot of the delivery the current task handles (the worker sets it per task).
@@ -90,11 +106,11 @@ class HandlerContext:
         if slot is None or not slot.held:
             yield
             return
-        slot.release()
+        slot.lend()
         try:
             yield
         finally:
-            await slot.take()
+            await slot.take_back()
 
 
 @dataclass(frozen=True, slots=True)

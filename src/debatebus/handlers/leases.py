@@ -1,6 +1,9 @@
 """Leases of the debates a durable runner has in flight: all renewed from one background task,
 a chunk at a time; a run whose lease another worker took is cancelled, and a lease that lapsed
-with nobody holding it (the store was out of reach past its ttl, or lost its data) is taken back."""
+with nobody holding it (the store was out of reach past its ttl, or lost its data) is taken back.
+The task is supervised (``debatebus.supervisor``): an error nobody expected is logged and the
+renewals start again; when they keep failing, every run holding a lease is cancelled as if its
+lease were lost."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ import contextvars
 import logging
 from typing import Any
 
+from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.exceptions import TransportError
+from debatebus.supervisor import supervise
 
 __all__ = ["CHUNKS_AT_ONCE", "RENEWALS_AT_ONCE", "LeaseKeeper"]
 
@@ -40,8 +45,12 @@ class LeaseKeeper:
         if self._loop_task is None or self._loop_task.done():
             # An empty context: the loop serves every debate, so no request's log fields belong
             # on its lines (create_task would copy the first debate's).
-            self._loop_task = asyncio.create_task(self._renew_forever(),
-                                                  context=contextvars.Context())
+            # Run again after at most ttl/6: its first round comes ttl/3 later, so a lease last
+            # renewed a round (ttl/3) before the failure is renewed 5/6 of its ttl after that.
+            self._loop_task = asyncio.create_task(
+                supervise("the lease keeper's renewals", self._renew_forever, log=log,
+                          died=self._renewals_died, backoff=Backoff(cap_s=self.ttl_s / 6)),
+                context=contextvars.Context())
 
     def untrack(self, owner: str) -> bool:
         """Stop renewing; True when the lease had been lost meanwhile."""
@@ -63,6 +72,13 @@ class LeaseKeeper:
             due = loop.time() + period
             await self._renew_all(list(self.held.items()))
 
+    def _renewals_died(self, exc: Exception) -> None:
+        """The renewals kept failing on an error nobody expected: no lease held can be kept, so
+        every run holding one stops as if it were lost (its delivery is released)."""
+        for owner, (_, run) in list(self.held.items()):
+            self.lost.add(owner)
+            run.cancel()
+
     async def _renew_all(self, held: list[tuple[str, tuple[str, asyncio.Task[Any]]]]) -> None:
         """Concurrently: one slow renewal must not delay the others past their expiry. A chunk
         at a time (the store pipelines each), not a task for every lease at once (with thousands
@@ -70,14 +86,21 @@ class LeaseKeeper:
         overlaps the next, with ``CHUNKS_AT_ONCE`` chunks under way at most. (A method of its
         own: ``held`` must not outlive the round, keeping finished runs.)"""
         going: set[asyncio.Future[list[None]]] = set()
+        chunks: list[asyncio.Future[list[None]]] = []
         for start in range(0, len(held), RENEWALS_AT_ONCE):
-            going.add(asyncio.gather(*(self._renew(owner, debate_id, run) for owner, (
+            chunks.append(asyncio.gather(*(self._renew(owner, debate_id, run) for owner, (
                 debate_id, run) in held[start:start + RENEWALS_AT_ONCE])))
+            going.add(chunks[-1])
             _, going = await asyncio.wait(going, timeout=1.0)
             if len(going) >= CHUNKS_AT_ONCE:
                 _, going = await asyncio.wait(going, return_when=asyncio.FIRST_COMPLETED)
         if going:
             await asyncio.wait(going)
+        # asyncio.wait keeps what a chunk raised (an error nobody expected: a store's outage is
+        # _renew's) to itself: raised here, for the supervisor, every chunk's read.
+        errors = [error for chunk in chunks if (error := chunk.exception()) is not None]
+        if errors:
+            raise errors[0]
 
     async def _renew(self, owner: str, debate_id: str, run: asyncio.Task[Any]) -> None:
         try:

@@ -13,8 +13,9 @@ keep-alive; Kafka: the group heartbeat), until the delivery is settled or ``rele
 
 Optional capabilities are methods of the interface too, so callers never probe for them:
 ``read_range`` (ops replay and failure listings; raises ``NotSupportedError`` where the broker keeps no
-history, with ``position_kind`` saying how positions are written) and ``write_heartbeat`` (where
-``debatebus check`` finds a worker's heartbeat).
+history, with ``position_kind`` saying how positions are written), ``write_heartbeat`` (where
+``debatebus check`` finds a worker's heartbeat) and ``slot_lent`` (a delivery whose handler
+waits on other requests stops counting toward ``prefetch``).
 """
 
 from __future__ import annotations
@@ -206,6 +207,14 @@ class Transport(abc.ABC):
         delivery whose settle kept failing, or whose debate lease was lost. Streams: stop keeping
         it alive, so it is claimed after ``claim_idle_ms``; Kafka: hand it out again from the
         same consumer (the partition is not blocked). Never raises."""
+
+    def slot_lent(self, delivery: Delivery, lent: bool) -> None:  # noqa: B027 - optional hook
+        """``delivery``'s handler lent its worker slot out to wait on other requests (``lent``: a
+        parent waiting for its sub-debates), or took it back. While lent, the delivery does not
+        count toward the ``prefetch`` a transport holds at most for the worker, so the requests
+        it waits for can be read by the same worker. Kafka: the record stays unsettled (and
+        uncommitted) but no longer keeps the group member paused; elsewhere nothing to do (Redis
+        reads whenever the worker asks, which it does once a slot is free). Never raises."""
 
     def read_range(self, topic: str, start: Any = None, end: Any = None, *,
                    partitions: Sequence[int] | None = None) -> AsyncIterator[Delivery]:

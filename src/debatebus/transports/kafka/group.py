@@ -5,7 +5,16 @@ Liveness: a background task keeps calling ``getmany`` whatever the handlers are 
 ``prefetch`` records are unsettled it pauses the assigned partitions instead of not polling. So
 the consumer keeps heartbeating and its ``max_poll_interval_ms`` clock (which aiokafka measures
 between ``getmany`` calls, not between messages) never runs out, however long a debate takes:
-the default 300 000 ms is fine and only bounds a wedged event loop.
+the default 300 000 ms is fine and only bounds a wedged event loop. The loop handles Kafka's errors
+itself; anything else is logged and the loop runs again (``debatebus.supervisor``), and if it
+keeps failing, ``next()`` raises a ``DebatebusError`` (no ``TransportError``), which stops the
+worker instead of leaving it consuming nothing.
+
+Lent slots: a record whose handler lent its worker slot out to wait on other requests (a parent
+waiting for its sub-debates, ``Transport.slot_lent``) stays unsettled but does not count toward
+``prefetch`` until the slot is taken back. Otherwise a worker whose every slot waited on a child
+paused every partition, and the children it waited for were never fetched: at concurrency 1 a
+parent waited out its whole sub-debate deadline before its child ran.
 
 Shutdown: closing the ``consume()`` iterator only detaches it. The member pauses every partition
 but stays in the group with its bookkeeping, so deliveries still in flight (a worker draining)
@@ -36,8 +45,11 @@ from typing import Any, Final
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
-from debatebus.exceptions import TransportError
+from debatebus.backoff import Backoff
+from debatebus.exceptions import DebatebusError, TransportError
 from debatebus.loops import retrieved
+from debatebus.redaction import redact
+from debatebus.supervisor import supervise
 from debatebus.transports.base import Delivery
 from debatebus.transports.kafka.errors import (
     KAFKA_ERRORS,
@@ -95,16 +107,19 @@ class Member:
         self._mark_at = mark_at
         self.parts: dict[TopicPartition, Partition] = {}
         self.buffer: deque[Delivery] = deque()
-        self.unsettled = 0  # fetched (buffered or handed out) and not yet settled
+        self.unsettled = 0  # fetched (buffered or handed out) and not yet settled; some lent
         self.handed_out = 0  # deliveries handed out, for HANDOUT_BURST
         self.ready = asyncio.Event()
         self.settled = asyncio.Event()
-        self.error: TransportError | None = None
+        #: What ``next()`` raises: a ``TransportError`` the worker waits out like an outage (it
+        #: consumes again, which restarts fetching), or the fetch loop given up (it stops).
+        self.error: DebatebusError | None = None
         self.attached = False  # a consume() iterator is taking deliveries
         self.checking = False  # a new assignment's committed offsets are being checked
         self.stopped = False
         self.paused = False
         self._fetcher: asyncio.Task[None] | None = None
+        self._retry = Backoff()  # between polls that failed with a retriable Kafka error
         self._watch: asyncio.TimerHandle | None = None
         self._stopping: asyncio.Future[None] | None = None
         self._commit_lock = asyncio.Lock()
@@ -125,8 +140,10 @@ class Member:
         self.attached = True
         self.error = None
         if self._fetcher is None or self._fetcher.done():
-            self._fetcher = asyncio.create_task(self._fetch_loop(),
-                                                name=f"kafka-fetch-{self.group}")
+            self._fetcher = asyncio.create_task(
+                supervise(f"the Kafka fetch loop of group {self.group!r}", self._fetch_loop,
+                          log=logger, died=self._fetching_died, backoff=Backoff()),
+                name=f"kafka-fetch-{self.group}")
         self.apply_backpressure()
 
     def detach(self) -> None:
@@ -210,6 +227,8 @@ class Member:
                                                                              deliveries=count)
 
     async def _fetch_loop(self) -> None:
+        """Poll until stopped. Kafka's errors are handled here (a retriable one is retried with
+        backoff, another ends the loop as ``self.error``); anything else is ``supervise``'s."""
         while not self.stopped:
             try:
                 await self._poll_once()
@@ -218,18 +237,27 @@ class Member:
                     break
                 if isinstance(exc, KafkaError) and exc.retriable:
                     logger.warning("group %s: %r while polling; retrying", self.group, exc)
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(self._retry.next())
                     continue
                 self.error = translate(exc, f"polling for group {self.group!r}",
                                         self.settings.servers)
                 logger.error("%s", self.error)
                 break
+            self._retry.reset()
         self.ready.set()  # wakes next(), which reports the error or the end
+
+    def _fetching_died(self, exc: Exception) -> None:
+        """The fetch loop kept failing on an error nobody expected: ``next()`` raises, and the
+        worker stops (not a ``TransportError``: consuming again would not get past it)."""
+        self.error = DebatebusError(
+            f"Kafka: the fetch loop of group {self.group!r} stopped: {redact(repr(exc))}; nothing "
+            "more is consumed (the error is logged with its traceback)")
+        self.ready.set()
 
     async def _poll_once(self) -> None:
         self.apply_backpressure()
         batch = await self.consumer.getmany(
-            timeout_ms=POLL_MS, max_records=max(1, self.prefetch - self.unsettled))
+            timeout_ms=POLL_MS, max_records=max(1, self.prefetch - self._holding()))
         for tp, records in batch.items():
             for record in records:
                 self._take(tp, record)
@@ -262,13 +290,25 @@ class Member:
         # assigned partition is paused, since any record fetched would exceed the bound.
         if self.stopped:
             return
-        if not self.attached or self.checking or self.unsettled >= self.prefetch:
+        full = self.unsettled >= self.prefetch and self._holding() >= self.prefetch
+        if not self.attached or self.checking or full:
             if not self.paused:
                 self.consumer.pause(*self.consumer.assignment())
                 self.paused = True
         elif self.paused:
             self.consumer.resume(*self.consumer.paused())
             self.paused = False
+
+    def _holding(self) -> int:
+        """The unsettled records that count toward ``prefetch``: all but those whose handler
+        lent its slot out (see "Lent slots" in the module docstring)."""
+        return self.unsettled - sum(len(part.lent) for part in self.parts.values())
+
+    def lend(self, token: Token, lent: bool) -> None:
+        """The record's handler lent its slot out (``lent``) or took it back."""
+        part = self._current(token)
+        if part is not None and part.lend(token.offset, lent):
+            self.apply_backpressure()
 
     def _current(self, token: Token) -> Partition | None:
         """The token's partition bookkeeping if this member still owns that assignment."""

@@ -32,6 +32,8 @@ class Partition:
     fetched: deque[int] = field(default_factory=deque)
     unsettled: dict[int, int] = field(default_factory=dict)  # offset -> times handed out
     waiting: set[int] = field(default_factory=set)  # unsettled, in the buffer, not handed out
+    #: Handed out, unsettled, its handler waiting on other requests with its slot lent out.
+    lent: set[int] = field(default_factory=set)
     last: int = -1  # the highest offset fetched
     marks: dict[int, Mark] = field(default_factory=dict)  # fetched offset -> what it held
     commit_mark: Mark | None = None  # what the record before ``commit_at`` held
@@ -59,12 +61,27 @@ class Partition:
         if offset not in self.unsettled or offset in self.waiting:
             return False
         self.waiting.add(offset)
+        self.lent.discard(offset)
+        return True
+
+    def lend(self, offset: int, lent: bool) -> bool:
+        """Mark a handed-out, unsettled record's slot lent out (``lent``) or taken back; False
+        when that changes nothing."""
+        if not lent:
+            if offset not in self.lent:
+                return False
+            self.lent.discard(offset)
+            return True
+        if offset not in self.unsettled or offset in self.waiting or offset in self.lent:
+            return False
+        self.lent.add(offset)
         return True
 
     def settle(self, offset: int) -> bool:
         if self.unsettled.pop(offset, None) is None:
             return False
         self.waiting.discard(offset)
+        self.lent.discard(offset)
         while self.fetched and self.fetched[0] not in self.unsettled:
             done = self.fetched.popleft()
             self.commit_at, self.commit_mark = done + 1, self.marks.pop(done, None)
@@ -77,6 +94,7 @@ class Partition:
         while self.fetched and self.fetched[-1] >= offset:
             tail = self.fetched.pop()
             self.waiting.discard(tail)
+            self.lent.discard(tail)
             self.marks.pop(tail, None)
             dropped += self.unsettled.pop(tail, None) is not None
         return dropped

@@ -276,6 +276,13 @@ class KafkaTransport(Transport):
         if isinstance(token, Token) and token.member is not None:
             token.member.release(delivery)
 
+    def slot_lent(self, delivery: Delivery, lent: bool) -> None:
+        """While ``delivery``'s handler waits with its slot lent out, its record does not count
+        toward the consumer's ``prefetch`` (see ``group``): what it waits for can be fetched."""
+        token = delivery.token
+        if isinstance(token, Token) and token.member is not None:
+            token.member.lend(token, lent)
+
     @staticmethod
     def _settled(token: Token) -> bool:
         return token.member is not None and token.member.is_settled(token)

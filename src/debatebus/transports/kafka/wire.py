@@ -47,8 +47,8 @@ class Record(NamedTuple):
 
 
 class Settler(Protocol):
-    """The consumer-group member a delivery came from (``group.Member``): what settling it, or
-    handing it out again, takes."""
+    """The consumer-group member a delivery came from (``group.Member``): what settling it, handing
+    it out again, or lending its slot out, takes."""
 
     @property
     def names(self) -> dict[str, str]: ...
@@ -58,6 +58,8 @@ class Settler(Protocol):
     def is_settled(self, token: Token) -> bool: ...
 
     def release(self, delivery: Delivery) -> None: ...
+
+    def lend(self, token: Token, lent: bool) -> None: ...
 
     async def commit(self) -> None: ...
 
