@@ -200,7 +200,8 @@ async def test_after_the_key_is_fixed_a_resend_and_replay_failed_answer_on_redis
         redis_server: Any) -> None:
     """On a real worker: requests fail with a revoked key after round 1; once it is fixed, one is
     resent and the others come back by ``replay --failed``; each pays only what it had not
-    committed, and a finished request is not re-published."""
+    committed, and a finished request is not re-published. A request that was bad input fails
+    again on the replay, without running."""
     url, event_type = redis_server.url, f"debate:key{uuid.uuid4().hex[:6]}"
     provider = Provider(broken_from_round=2)
     app = DebateBus(url, transport_options=transport_options(url),
@@ -212,6 +213,8 @@ async def test_after_the_key_is_fixed_a_resend_and_replay_failed_answer_on_redis
                                                        request_id=rid, timeout=60)
                                         for n, rid in enumerate(rids)))
         assert all(f.payload["debateRetryable"] is True for f in failed)
+        bad = await client.request(event_type, {"input": ""}, request_id="bad-input", timeout=60)
+        assert bad.payload["debateRetryable"] is False  # final: a replay answers it the same way
         paid_before = len(provider.calls)
         provider.fix()
         resent = await client.request(event_type, {"input": "q0"}, request_id=rids[0], timeout=60)
@@ -224,11 +227,14 @@ async def test_after_the_key_is_fixed_a_resend_and_replay_failed_answer_on_redis
         replayed: dict[str, Envelope] = {}
         async with asyncio.timeout(60):
             async for result in results:
-                if result.request_id in rids[1:]:
+                if result.request_id in (*rids[1:], "bad-input"):
                     replayed[result.request_id] = result
-                if len(replayed) == 2:
+                if len(replayed) == 3:
                     break
-    assert summary.republished == 2  # the resent one is finished: not re-published
+    assert summary.republished == 3  # the resent one is finished: not re-published
+    again = replayed.pop("bad-input")
+    assert again.payload["debateStatus"] == "failed" and "payload.input is empty" in \
+        again.payload["debateError"]
     assert all(r.payload["debateStatus"] == "completed" for r in replayed.values())
     assert all(r.payload["debateResumedFromRound"] == 1 for r in replayed.values())
     rerun_calls = provider.calls[paid_before:]
