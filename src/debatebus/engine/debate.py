@@ -15,7 +15,7 @@ from debatebus.engine.cross_pollination import run_cross_pollination
 from debatebus.engine.definition import DebateSpec
 from debatebus.engine.fingerprint import definition_hash
 from debatebus.engine.outcome import Outcome
-from debatebus.engine.result import DebateResult, Progress, Status
+from debatebus.engine.result import DebateResult, Progress, Status, StopReason
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
 from debatebus.engine.run import EventTypes, OnCommit, OnEvent, Run
@@ -130,6 +130,7 @@ class Debate(DebateSpec):
         synthesis: Turn | None = None
         error: str | None = None
         retryable = False
+        stop_reason: StopReason | None = None
         try:
             deadline = _NO_DEADLINE if self.deadline_s is None else asyncio.timeout(self.deadline_s)
             async with deadline:
@@ -141,11 +142,11 @@ class Debate(DebateSpec):
                 if outcome.synthesis is not None:
                     synthesis = await synthesize(run, outcome.synthesis)
         except DebateFailure as failure:
-            error, retryable = str(failure), not failure.final
+            error, retryable, stop_reason = str(failure), not failure.final, failure.stop_reason
         except TimeoutError:
             error, retryable = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s", True
-        result = await finish(run, outcome, synthesis, error, retryable=retryable)
-        result.sub_debates = list(run.progress.sub_debates)
+        result = await finish(run, outcome, synthesis, error, retryable=retryable,
+                              stop_reason=stop_reason)
         if self.on_metrics is not None:
             reported = self.on_metrics(DebateMetrics.of(result))
             if inspect.isawaitable(reported):

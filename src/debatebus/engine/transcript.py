@@ -5,13 +5,23 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
-__all__ = ["Round", "Transcript", "Turn", "clean_turn", "fit_words", "speaker_tags"]
+__all__ = [
+    "NO_TRANSCRIPT",
+    "Round",
+    "Transcript",
+    "TranscriptText",
+    "Turn",
+    "clean_turn",
+    "fit_words",
+    "render_transcript",
+    "speaker_tags",
+]
 
 
 class Turn(msgspec.Struct, kw_only=True, gc=False):
@@ -75,6 +85,39 @@ def render_round(rnd: Round) -> str:
 def render_turns(number: int, turns: Iterable[Turn]) -> str:
     """Round ``number`` as prompt text: a header, then each successful turn, quoted."""
     return f"Round {number}:\n{_render_turns(turns)}"
+
+
+class TranscriptText(NamedTuple):
+    """A transcript as prompt text, with ``breaks``: the offsets just after each turn, where the
+    transcript an earlier call of the debate saw ends (for prompt caching)."""
+
+    text: str
+    breaks: tuple[int, ...] = ()
+
+
+NO_TRANSCRIPT = TranscriptText("")
+
+
+def render_transcript(rounds: Iterable[Round], pending: Round | None = None) -> TranscriptText:
+    """``rounds``, then the ``pending`` round's turns so far, as prompt text: the rounds'
+    ``render_round`` texts joined by blank lines, with a break after every turn shown."""
+    out: list[str] = []
+    breaks: list[int] = []
+    at = 0
+    for rnd in rounds if pending is None else [*rounds, pending]:
+        head = f"\n\nRound {rnd.number}:\n" if out else f"Round {rnd.number}:\n"
+        out.append(head)
+        at += len(head)
+        first = True
+        for turn in rnd.turns:
+            if turn.failed:
+                continue
+            shown = _render_turn(turn) if first else "\n" + _render_turn(turn)
+            out.append(shown)
+            at += len(shown)
+            breaks.append(at)
+            first = False
+    return TranscriptText("".join(out), tuple(breaks))
 
 
 def speaker_tags(name: str) -> tuple[str, ...]:
