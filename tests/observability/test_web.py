@@ -93,7 +93,8 @@ def test_store_summarises_a_debate_from_its_events() -> None:
     (done,) = store.recent()
     assert done["status"] == "completed"
     assert done["rounds"] == 1
-    assert done["tokens"] == {"promptTokens": 31, "completionTokens": 16, "totalTokens": 47}
+    assert done["tokens"] == {"promptTokens": 31, "completionTokens": 16, "totalTokens": 47,
+                              "cacheReadTokens": 0, "cacheWriteTokens": 0}
     assert (done["phiHat"], done["phiLevel"]) == (0.75, "high")
     assert (done["question"], done["participants"]) == ("Tabs or spaces?", ["tabs", "spaces"])
     record = store.get("d-1")

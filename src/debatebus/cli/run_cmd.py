@@ -318,8 +318,12 @@ def _outcome_lines(result: DebateResult, stop_rule: str) -> list[str]:
         else (f"{result.phi_hat:.2f} ({interpret_phi_hat(result.phi_hat)} change of positions)")
     )
     lines.append(f"Φ̂: {phi}")
+    cached = (f", {usage.cache_read_tokens} of the prompt read from the cache"
+              if usage.cache_read_tokens else "")
     lines.append(
         f"tokens: {usage.total_tokens} ({usage.prompt_tokens} prompt + "
-        f"{usage.completion_tokens} completion) over {result.calls} calls"
+        f"{usage.completion_tokens} completion{cached}) over {result.calls} calls"
     )
+    if result.cost is not None:
+        lines.append(f"cost: {result.cost.total:.6f} {result.cost.currency}")
     return lines

@@ -15,7 +15,7 @@ from debatebus.engine.cross_pollination import run_cross_pollination
 from debatebus.engine.definition import DebateSpec
 from debatebus.engine.fingerprint import definition_hash
 from debatebus.engine.outcome import Outcome
-from debatebus.engine.result import DebateResult, Progress, Status, StopReason
+from debatebus.engine.result import DebateResult, Progress, Status
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
 from debatebus.engine.run import EventTypes, OnCommit, OnEvent, Run
@@ -128,9 +128,7 @@ class Debate(DebateSpec):
         # the protocol had decided (its Φ̂).
         outcome: Outcome | None = None
         synthesis: Turn | None = None
-        error: str | None = None
-        retryable = False
-        stop_reason: StopReason | None = None
+        failure: DebateFailure | None = None
         try:
             deadline = _NO_DEADLINE if self.deadline_s is None else asyncio.timeout(self.deadline_s)
             async with deadline:
@@ -141,12 +139,12 @@ class Debate(DebateSpec):
                 await emit_phi(run, outcome.phi_hat)
                 if outcome.synthesis is not None:
                     synthesis = await synthesize(run, outcome.synthesis)
-        except DebateFailure as failure:
-            error, retryable, stop_reason = str(failure), not failure.final, failure.stop_reason
+        except DebateFailure as failed:
+            failure = failed
         except TimeoutError:
-            error, retryable = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s", True
-        result = await finish(run, outcome, synthesis, error, retryable=retryable,
-                              stop_reason=stop_reason)
+            failure = DebateFailure(f"debate {self.name!r} exceeded its deadline of "
+                                    f"{self.deadline_s} s")
+        result = await finish(run, outcome, synthesis, failure)
         if self.on_metrics is not None:
             reported = self.on_metrics(DebateMetrics.of(result))
             if inspect.isawaitable(reported):

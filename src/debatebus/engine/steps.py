@@ -275,13 +275,10 @@ async def emit_phi(run: Run, phi_hat: float | None) -> None:
         await run.emit(ev.PhiUpdate, phi_hat=phi_hat, level=interpret_phi_hat(phi_hat))
 
 
-def debate_result(
-    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None, *,
-    retryable: bool = False, stop_reason: StopReason | None = None,
-) -> DebateResult:
+def debate_result(run: Run, outcome: Outcome | None, synthesis: Turn | None,
+                  failure: DebateFailure | None = None) -> DebateResult:
     """The run's state and its protocol's outcome (None when the debate failed before one);
-    ``retryable``: the failure ``error`` may pass (see ``DebateFailure``), ``stop_reason``: what
-    stopped it."""
+    ``failure``: what failed it (whether that may pass, what stopped it)."""
     progress = run.progress
     rounds = progress.rounds
     sole = outcome.sole_output if outcome is not None else None
@@ -293,10 +290,10 @@ def debate_result(
         framing=progress.framing.text if progress.framing else None,
         synthesis=synthesis.text if synthesis else None,
         output=output_of(synthesis, rounds, sole),
-        status="failed" if error is not None else "completed",
-        satisfied=outcome is not None and outcome.satisfied and error is None,
+        status="failed" if failure is not None else "completed",
+        satisfied=outcome is not None and outcome.satisfied and failure is None,
         verdict=latest_verdict(rounds),
-        error=error,
+        error=None if failure is None else str(failure),
         token_usage=progress.usage,
         phi_hat=outcome.phi_hat if outcome is not None else None,
         duration_ms=(time.perf_counter() - run.started) * 1000.0,
@@ -304,20 +301,17 @@ def debate_result(
         debate_name=run.spec.name,
         resumed_from_round=run.resumed_from,
         sub_debates=children,
-        retryable=error is not None and retryable,
-        stop_reason=stop_reason if error is not None else None,
+        retryable=failure is not None and not failure.final,
+        stop_reason=None if failure is None else failure.stop_reason,
         cost=None if run.unmetered else debate_cost(run.spec, progress.by_speaker, children),
     )
 
 
-async def finish(
-    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None, *,
-    retryable: bool = False, stop_reason: StopReason | None = None,
-) -> DebateResult:
+async def finish(run: Run, outcome: Outcome | None, synthesis: Turn | None,
+                 failure: DebateFailure | None = None) -> DebateResult:
     """The result, announced as DebateCompleted or DebateFailed."""
-    result = debate_result(run, outcome, synthesis, error, retryable=retryable,
-                           stop_reason=stop_reason)
-    if error is None:
+    result = debate_result(run, outcome, synthesis, failure)
+    if result.error is None:
         await run.emit(
             ev.DebateCompleted,
             rounds=len(result.rounds),
@@ -331,7 +325,7 @@ async def finish(
         await run.emit(
             ev.DebateFailed,
             rounds=len(result.rounds),
-            error=error,
+            error=result.error,
             token_usage=result.token_usage,
             duration_ms=result.duration_ms,
             retryable=result.retryable,
