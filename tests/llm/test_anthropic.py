@@ -155,7 +155,8 @@ async def test_structured_output_with_repair(fake_api: FakeAPI) -> None:
     assert response.structured == Verdict(consensus=True, summary="agreed")
     assert response.usage == TokenUsage(80, 15, 95)
     first, second = fake_api.bodies()
-    assert "JSON schema" in first["system"]
+    assert first["system"] == "Judge."  # the schema closes the prompt instead
+    assert "JSON schema" in first["messages"][0]["content"]
     assert second["messages"][-2] == {"role": "assistant", "content": "I'd say they agree."}
 
 

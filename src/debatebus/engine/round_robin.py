@@ -16,7 +16,7 @@ def _window_text(run: Run, number: int, current: list[Turn]) -> TranscriptText:
     far, rendered from the turns."""
     window = run.spec.transcript_window
     rounds = run.progress.rounds if window is None else run.progress.rounds[-window:]
-    return render_transcript(rounds, Round(number=number, turns=current) if current else None)
+    return render_transcript(rounds, number, current)
 
 
 async def run_round_robin(run: Run) -> Outcome:

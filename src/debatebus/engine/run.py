@@ -187,7 +187,9 @@ class Run:
     def full_transcript(self, pending: Round | None = None) -> TranscriptText:
         """Every committed round, plus a pending round; what judge and synthesis see. Rendered
         from the turns at each call, not kept: a run holds its transcript once."""
-        return render_transcript(self.progress.rounds, pending)
+        if pending is None:
+            return render_transcript(self.progress.rounds)
+        return render_transcript(self.progress.rounds, pending.number, pending.turns)
 
     def state(self, number: int) -> DebateState:
         rounds = self.progress.rounds

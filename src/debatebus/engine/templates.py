@@ -147,40 +147,39 @@ def bind_template(template: Template, fixed: Mapping[str, str]) -> TemplateParts
 def fill_parts(parts: TemplateParts, values: Mapping[str, Any], template: str,
                transcript_breaks: tuple[int, ...] = ()) -> tuple[str, tuple[int, ...]]:
     """The text of ``parts`` (of ``template``) with its fields filled from ``values``, and its
-    breaks: the offsets where the prefix it shares with the debate's other calls ends
+    breaks: the offsets, ascending, where the prefix it shares with the debate's other calls ends
     (``transcript_breaks``: those within ``values["transcript"]``)."""
     out = []
-    breaks: list[int] = []
-    at = 0
+    breaks: tuple[int, ...] = ()
     try:
         for text, name in parts:
             out.append(text)
-            at += len(text)
             if name is None:
                 continue
-            if name == _SHARED_END:
-                breaks.append(at)
+            if name is _SHARED_END:  # one marker at most: the offsets are summed once
+                at = sum(map(len, out))
+                breaks = (at,) if at else ()
                 continue
-            value = values["transcript" if name == _SHARED_TRANSCRIPT else name]
-            filled = value if type(value) is str else format(value)
-            if name == _SHARED_TRANSCRIPT:
-                breaks.append(at)
-                breaks.extend(at + b for b in transcript_breaks)
-                breaks.append(at + len(filled))
-            out.append(filled)
-            at += len(filled)
+            if name is _SHARED_TRANSCRIPT:
+                value = values["transcript"]
+                breaks = _transcript_breaks(sum(map(len, out)), value, transcript_breaks)
+            else:
+                value = values[name]
+            out.append(value if type(value) is str else format(value))
     except (KeyError, ValueError) as exc:
         raise _unknown_field(template, values, exc) from exc
-    return "".join(out), _ascending(breaks)
+    return "".join(out), breaks
 
 
-def _ascending(breaks: list[int]) -> tuple[int, ...]:
-    """``breaks`` (in order) without 0 and repeats: an empty head or transcript adds none."""
-    kept: list[int] = []
-    for b in breaks:
-        if b > 0 and (not kept or b > kept[-1]):
-            kept.append(b)
-    return tuple(kept)
+def _transcript_breaks(at: int, transcript: str, within: tuple[int, ...]) -> tuple[int, ...]:
+    """A transcript's breaks once it is placed at ``at``: its start (when something comes before
+    it), after each of its turns (``within``, each > 0), its end (unless its last turn ends it)."""
+    breaks = [at] if at else []
+    breaks += [at + b for b in within]
+    end = at + len(transcript)
+    if end and (not breaks or breaks[-1] < end):
+        breaks.append(end)
+    return tuple(breaks)
 
 
 def _unknown_field(template: str, values: Mapping[str, Any], exc: Exception) -> ConfigError:

@@ -98,26 +98,28 @@ class TranscriptText(NamedTuple):
 NO_TRANSCRIPT = TranscriptText("")
 
 
-def render_transcript(rounds: Iterable[Round], pending: Round | None = None) -> TranscriptText:
-    """``rounds``, then the ``pending`` round's turns so far, as prompt text: the rounds'
-    ``render_round`` texts joined by blank lines, with a break after every turn shown."""
-    out: list[str] = []
+def render_transcript(rounds: Iterable[Round], number: int = 0,
+                      current: Sequence[Turn] = ()) -> TranscriptText:
+    """``rounds``, then round ``number``'s ``current`` turns (when there are any), as prompt text:
+    the rounds' ``render_round`` texts joined by blank lines, with a break after every turn.
+    (Plain loops: a debate renders its transcript for every call.)"""
+    texts: list[str] = []
     breaks: list[int] = []
-    at = 0
-    for rnd in rounds if pending is None else [*rounds, pending]:
-        head = f"\n\nRound {rnd.number}:\n" if out else f"Round {rnd.number}:\n"
-        out.append(head)
-        at += len(head)
-        first = True
-        for turn in rnd.turns:
-            if turn.failed:
-                continue
-            shown = _render_turn(turn) if first else "\n" + _render_turn(turn)
-            out.append(shown)
-            at += len(shown)
-            breaks.append(at)
-            first = False
-    return TranscriptText("".join(out), tuple(breaks))
+    at = -2  # where the text so far ends, less the blank line before the next round
+    numbered: list[tuple[int, Sequence[Turn]]] = [(r.number, r.turns) for r in rounds]
+    if current:
+        numbered.append((number, current))
+    for rnd_number, turns in numbered:
+        shown = [_render_turn(t) for t in turns if not t.failed]
+        head = f"Round {rnd_number}:\n"
+        end = at + 1 + len(head)  # every turn but the first follows a line break
+        for turn in shown:
+            end += len(turn) + 1
+            breaks.append(end)
+        text = head + "\n".join(shown)
+        texts.append(text)
+        at += 2 + len(text)
+    return TranscriptText("\n\n".join(texts), tuple(breaks))
 
 
 def speaker_tags(name: str) -> tuple[str, ...]:
