@@ -108,7 +108,8 @@ def _breakpoints(candidates: Sequence[int]) -> set[int]:
 def _messages(request: LLMRequest, cache: bool) -> list[MessageParam]:
     """The request's messages; with ``cache``, those with breaks as text blocks cut there, with
     ``cache_control`` on the breakpoints ``_breakpoints`` picks."""
-    split = [_pieces(m) if cache and m.breaks else None for m in request.messages]
+    split = [_pieces(m) if cache and m.breaks and m.role == "user" else None
+             for m in request.messages]
     candidates, index = [], 0
     for pieces in split:
         for _, shared in pieces or [("", False)]:
@@ -122,20 +123,27 @@ def _messages(request: LLMRequest, cache: bool) -> list[MessageParam]:
         if message.role == "assistant":
             out.append(AssistantMessageParam(role="assistant", content=message.content))
             index += 1
-            continue
-        if pieces is None:
+        elif pieces is None:
             out.append(UserMessageParam(role="user", content=message.content))
             index += 1
-            continue
-        blocks: list[TextBlockParam] = []
-        for text, _ in pieces:
-            block = TextBlockParam(type="text", text=text)
-            if index in marked:
-                block["cache_control"] = {"type": "ephemeral"}
-            blocks.append(block)
-            index += 1
-        out.append(UserMessageParam(role="user", content=blocks))
+        else:
+            out.append(UserMessageParam(role="user", content=_blocks(pieces, index, marked)))
+            index += len(pieces)
     return out
+
+
+def _blocks(pieces: list[tuple[str, bool]], first: int,
+            marked: set[int]) -> list[TextBlockParam]:
+    """Text blocks of ``pieces``, the first at block index ``first``; those ``marked`` carry
+    ``cache_control``."""
+    blocks: list[TextBlockParam] = []
+    for index, (text, _) in enumerate(pieces, first):
+        block = TextBlockParam(type="text", text=text)
+        if index in marked:
+            block["cache_control"] = {"type": "ephemeral"}
+        blocks.append(block)
+    return blocks
+
 
 
 def _count(usage: Any, name: str) -> int:
@@ -244,5 +252,5 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
 
         answer = await self._with_retries(attempt)
         if self._caching and answer.usage is not None and any(m.breaks for m in request.messages):
-            self._note_cacheable(answer.usage.prompt_tokens, self._min_cacheable)
+            self._note_too_short_to_cache(answer.usage.prompt_tokens, self._min_cacheable)
         return answer

@@ -340,5 +340,5 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
             attempt, self._classify if response_format is None else self._classify_structured
         )
         if self._cache_key and answer.usage is not None:
-            self._note_cacheable(answer.usage.prompt_tokens, MIN_CACHEABLE_TOKENS)
+            self._note_too_short_to_cache(answer.usage.prompt_tokens, MIN_CACHEABLE_TOKENS)
         return answer

@@ -131,7 +131,7 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
         assert schema is not None
         return await self._send(with_json_instructions(request, schema))
 
-    def _note_cacheable(self, prompt_tokens: int, minimum: int) -> None:
+    def _note_too_short_to_cache(self, prompt_tokens: int, minimum: int) -> None:
         """Say once, in the debug log, that a prompt of ``prompt_tokens`` is below ``minimum``, the
         shortest prefix the provider caches: nothing of it was cached, and no error says so."""
         if prompt_tokens >= minimum or self._said_too_short:
