@@ -18,6 +18,7 @@ import hashlib
 import re
 from functools import partial
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 try:
     import openai
@@ -193,6 +194,12 @@ def _usage(completion: Any) -> TokenUsage | None:
                       cached if isinstance(cached, int) else 0)
 
 
+def _is_openai(base_url: str) -> bool:
+    """Whether ``base_url`` is OpenAI's own API (which takes ``prompt_cache_key``)."""
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    return host == "openai.com" or host.endswith(".openai.com")
+
+
 def prompt_cache_key(cache_key: str) -> str:
     """What a request with ``cache_key`` (its debate's id) sends as ``prompt_cache_key``: a hash,
     so that no debate id reaches the provider."""
@@ -231,8 +238,8 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
     ``timeout``, ``total_timeout`` and ``max_retries``.
 
     ``send_prompt_cache_key``: send each debate's ``prompt_cache_key`` (a hash of its id); None
-    (the default) sends it to api.openai.com only, since servers that refuse unknown fields would
-    fail the call. True for a compatible server that accepts it, False never.
+    (the default) sends it to OpenAI's own API only (``*.openai.com``), since servers that refuse
+    unknown fields would fail the call. True for a compatible server that accepts it, False never.
     """
 
     def __init__(
@@ -282,7 +289,7 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         self._classify_structured = partial(
             _map_structured_error, model=model, base_url=self._shown_url
         )
-        self._cache_key = (is_paid_url(self._base_url) if send_prompt_cache_key is None
+        self._cache_key = (_is_openai(self._base_url) if send_prompt_cache_key is None
                            else send_prompt_cache_key)
 
     async def _send_structured(self, request: LLMRequest) -> Completion:
