@@ -6,13 +6,14 @@ translates its backend's exceptions at the boundary and keeps the original as ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from debatebus.schemas.usage import TokenUsage
 
 __all__ = [
     "BudgetExceededError",
+    "BudgetLimit",
     "CheckpointMissingError",
     "ConfigError",
     "DebatebusError",
@@ -27,8 +28,12 @@ __all__ = [
     "ModelRequestsNotAllowedError",
     "NotSupportedError",
     "ScriptExhaustedError",
+    "SpendLimitError",
     "TransportError",
 ]
+
+#: Which limit of a debate's ``Budget`` was reached.
+BudgetLimit = Literal["max_calls", "max_total_tokens", "max_cost"]
 
 
 class DebatebusError(Exception):
@@ -107,4 +112,20 @@ class ModelRequestsNotAllowedError(LLMError):
 
 
 class BudgetExceededError(LLMError):
-    """The next call would exceed the debate's ``Budget``."""
+    """The next call would exceed the debate's ``Budget``: ``limit`` names which of its limits.
+    Running the debate again meets the same budget: its failure is final."""
+
+    def __init__(self, message: str, *, limit: BudgetLimit,
+                 usage: TokenUsage | None = None) -> None:
+        super().__init__(message, usage=usage)
+        self.limit: BudgetLimit = limit
+
+
+class SpendLimitError(LLMError):
+    """A fleet-wide spend limit (``debatebus.llm.spend``) is reached for its current window: the
+    call was not made. Unlike a debate's budget, this passes: the debate fails as retryable, and a
+    resend or ``debatebus replay --failed`` after ``retry_after_s`` runs it again."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

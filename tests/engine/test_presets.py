@@ -225,3 +225,24 @@ async def test_cli_json_with_a_preset_in_spanish(
     document = json.loads(capsys.readouterr().out)
     assert document["debateOutput"] == "Síntesis del trío."
     assert document["debateAgents"] == ["optimist", "skeptic", "pragmatist"]
+
+
+async def test_cli_prices_a_debate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--prices FILE: the outcome says what the calls cost (the scripted model's words are its
+    tokens: 5 calls of known length)."""
+    script = ["framing", "o1", "s1", "p1", "The trio's synthesis."]
+    path = tmp_path / "script.json"
+    path.write_text(json.dumps(script))
+    prices = tmp_path / "prices.toml"
+    prices.write_text('[models."scripted:script.json"]\ninput = 1.0\ncached_input = 0.1\n'
+                      "cache_write = 1.25\noutput = 2.0\n")
+    args = parse(QUESTION, "--preset", "starter_trio", "--rounds", "1", "--json",
+                 "--prices", str(prices), "--llm", f"scripted:{path}")
+    assert await run_cmd.run(args) == 0
+    document = json.loads(capsys.readouterr().out)
+    usage, cost = document["debateTokenUsage"], document["debateCost"]
+    assert cost["currency"] == "USD"
+    expected = (usage["promptTokens"] * 1.0 + usage["completionTokens"] * 2.0) / 1e6
+    assert cost["total"] == pytest.approx(expected, abs=1e-9)
+    assert set(cost["participants"]) == {"host", "optimist", "skeptic", "pragmatist"}
+

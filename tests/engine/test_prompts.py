@@ -11,7 +11,7 @@ from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Promp
 from debatebus.engine.definition import fixed_fields
 from debatebus.engine.run import Run
 from debatebus.engine.templates import bind_template, fill_parts, fill_template, template_fields
-from debatebus.engine.transcript import Round, Turn, render_round
+from debatebus.engine.transcript import Round, TranscriptText, Turn, render_round
 from debatebus.exceptions import ConfigError
 
 NAMES = ("alice", "bob")
@@ -277,7 +277,9 @@ def test_a_template_bound_to_some_fields_fills_as_format_map_fills_it(template: 
         assert parts is None
         return
     assert parts is not None
-    assert fill_parts(parts, _FIELDS, template) == template.format_map(_FIELDS)
+    text, breaks = fill_parts(parts, _FIELDS, template)
+    assert text == template.format_map(_FIELDS)
+    assert list(breaks) == sorted(set(breaks)) and all(0 < b <= len(text) for b in breaks)
 
 
 @pytest.mark.parametrize("protocol", ["round-robin", "cross-pollination"])
@@ -295,4 +297,4 @@ def test_every_shipped_prompt_is_the_same_bound_or_filled_whole(protocol: str,
         whole = fill_template(getattr(spec.templates, phase), {
             **template_fields(question="Q {x}?", framing="", round=2, transcript="T {y}"),
             **fixed_fields(spec, phase, speaker)})
-        assert run.prompt(phase, speaker, 2, "T {y}") == whole
+        assert run.prompt(phase, speaker, 2, TranscriptText("T {y}")).content == whole

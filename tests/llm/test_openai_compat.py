@@ -201,7 +201,7 @@ async def test_judge_gets_a_strict_json_schema_response_format(fake_api: FakeAPI
     assert spec["strict"] is True
     assert spec["schema"]["additionalProperties"] is False
     assert spec["schema"]["required"] == ["consensus", "summary", "winner"]
-    assert "consensus" in body["messages"][0]["content"]  # the schema is in the prompt too
+    assert "consensus" in body["messages"][-1]["content"]  # the schema is in the prompt too
 
 
 def test_strict_schema_is_refused_for_dict_fields() -> None:

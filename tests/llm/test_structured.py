@@ -54,11 +54,18 @@ def test_parse_structured_explains_what_is_wrong() -> None:
         parse_structured('{"consensus": true}', Verdict)
 
 
-def test_instructions_carry_the_schema_after_the_system_prompt() -> None:
-    system = with_json_instructions(JUDGE, Verdict).system
-    assert system.startswith("Judge.\n\n")
-    assert '"consensus"' in system
-    assert with_json_instructions(LLMRequest("", ()), Verdict).system.startswith("Answer with")
+def test_instructions_carry_the_schema_at_the_end_of_the_prompt() -> None:
+    """Not in the system prompt: the judge's system prompt and the prompt's shared prefix stay
+    the debaters' (what prompt caches reuse); the breaks of the prompt stay where they were."""
+    judge = LLMRequest("Judge.", (Message("user", "Transcript. Decide.", (11,)),))
+    instructed = with_json_instructions(judge, Verdict)
+    assert instructed.system == "Judge."
+    [last] = instructed.messages
+    assert last.content.startswith("Transcript. Decide.\n\nAnswer with")
+    assert '"consensus"' in last.content
+    assert last.breaks == (11,)
+    [alone] = with_json_instructions(LLMRequest("", ()), Verdict).messages
+    assert alone.content.startswith("Answer with")
 
 
 class Script:

@@ -154,6 +154,8 @@ DEBATE_FIELDS = (
     "debateError", "debateReplayed", "debateAgents", "debateDurationMs",
     # Only when the debate started sub-debates:
     "debateSubDebates", "debateChildrenTokenUsage", "debateTotalTokenUsage",
+    # Only when known (every model priced) / when a budget or spend limit stopped it:
+    "debateCost", "debateStopReason",
 )
 
 

@@ -32,6 +32,7 @@ from tests.support.servers import free_port
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.cli import main
 from debatebus.client import BusClient
+from debatebus.pricing import Price, Prices
 from debatebus.redaction import REDACTED
 from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import completed_topic
@@ -93,7 +94,8 @@ def test_store_summarises_a_debate_from_its_events() -> None:
     (done,) = store.recent()
     assert done["status"] == "completed"
     assert done["rounds"] == 1
-    assert done["tokens"] == {"promptTokens": 31, "completionTokens": 16, "totalTokens": 47}
+    assert done["tokens"] == {"promptTokens": 31, "completionTokens": 16, "totalTokens": 47,
+                              "cacheReadTokens": 0, "cacheWriteTokens": 0}
     assert (done["phiHat"], done["phiLevel"]) == (0.75, "high")
     assert (done["question"], done["participants"]) == ("Tabs or spaces?", ["tabs", "spaces"])
     record = store.get("d-1")
@@ -548,6 +550,7 @@ PAGE_STATE = """(() => {
     turnTexts: all('#timeline [data-kind="turn"] .text').map((n) => n.textContent),
     verdictTexts: all('#timeline [data-kind="verdict"]').map((n) => n.textContent),
     status: text("status"), question: text("question"), tokens: text("tokens"), phi: text("phi"),
+    cost: text("cost"), cached: text("cached"),
     markup: all("#debate b, #debate i, #debate img, #debate script").length,
     pwned: window.pwned === 1 || document.title === "pwned",
     listed: all("#debates a").map((a) => a.dataset.id),
@@ -593,7 +596,9 @@ async def test_page_shows_a_debate_arriving_live_in_chromium(redis_server: Any, 
     holds = Holds(2, 3)
     worker = DebateBus(url, publish_events=True, events_topic=events_topic,
                        transport_options=transport_options(url))
-    worker.subscribe(event_type, make_debate(FunctionLLM(holds.answer), max_rounds=3).as_handler())
+    prices = Prices({"function": Price(input=3.0, cached_input=0.3, cache_write=3.75, output=15.0)})
+    worker.subscribe(event_type, make_debate(FunctionLLM(holds.answer), max_rounds=3,
+                                             prices=prices).as_handler())
     web = create_app(url, events_topic=events_topic, token=TOKEN)
 
     async with serving(web) as base, running(worker), BusClient(url) as client, \
@@ -627,6 +632,8 @@ async def test_page_shows_a_debate_arriving_live_in_chromium(redis_server: Any, 
     payload = result["payload"]
     assert (payload["debateStatus"], payload["debateRounds"]) == ("completed", 3)
     assert final["tokens"] == f"{payload['debateTokenUsage']['totalTokens']:,}"
+    assert final["cached"] == "0"  # a FunctionLLM reads nothing from a cache
+    assert final["cost"] == f"{payload['debateCost']['total']:.4f} USD"
     phi, level = final["phi"].split()
     assert phi == f"{payload['debatePhiHat']:.2f}"
     assert level in ("low", "medium", "high")

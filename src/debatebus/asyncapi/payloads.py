@@ -11,8 +11,10 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
+from debatebus.engine.result import StopReason
 from debatebus.engine.transcript import Round
 from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES, MAX_DEPTH_LIMIT
+from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import Envelope
 from debatebus.schemas.events import EVENT_TYPES, DebateEvent
 from debatebus.schemas.usage import TokenUsage
@@ -127,6 +129,15 @@ class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
     )] = UNSET
     debate_total_token_usage: Annotated[TokenUsage | UnsetType, Meta(
         description="debateTokenUsage (its own calls) plus debateChildrenTokenUsage.",
+    )] = UNSET
+    debate_cost: Annotated[DebateCost | UnsetType, Meta(
+        description="What the debate cost, its sub-debates included, by speaker: only when the "
+                    "debate's prices priced every model it used (absent otherwise: never an "
+                    "estimate).",
+    )] = UNSET
+    debate_stop_reason: Annotated[StopReason | UnsetType, Meta(
+        description="On a failed result stopped by a Budget limit (max_calls, max_total_tokens, "
+                    "max_cost: final) or a fleet spend limit (spend_limit: retryable).",
     )] = UNSET
     input: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET
     max_rounds: Annotated[Any, Meta(description="Echoed from the request.")] = UNSET

@@ -21,6 +21,7 @@ from debatebus.engine.prompts import LANGUAGES
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.results import result_fields, to_builtins
 from debatebus.presets import PRESETS
+from debatebus.pricing import DEFAULT_PRICES, Prices
 from debatebus.schemas import events as ev
 
 if TYPE_CHECKING:
@@ -57,6 +58,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="round cap of a round-robin debate (default 2); cross-pollination "
                         "always plays 2 (positions, then revisions)")
     parser.add_argument("--judge", action="store_true", help="add a judge that rules each round")
+    parser.add_argument("--prices", metavar="FILE",
+                        help="price its calls: a JSON or TOML price table (docs/cost.md), or "
+                        "'default' for debatebus.pricing.DEFAULT_PRICES; the outcome then says "
+                        "what it cost when every model is priced")
     parser.add_argument("--json", action="store_true", help="print the result document only")
     parser.set_defaults(func=run)
 
@@ -72,6 +77,9 @@ def _build(args: argparse.Namespace) -> Debate:
     else:
         debate = build_debate(llm, judge=args.judge, rounds=args.rounds, protocol=args.protocol)
         debate = dataclasses.replace(debate, language=args.language)
+    if args.prices is not None:
+        debate = dataclasses.replace(debate, prices=(
+            DEFAULT_PRICES if args.prices == "default" else Prices.from_file(args.prices)))
     if debate.spec.protocol == "cross-pollination" and args.rounds != CROSS_POLLINATION_ROUNDS:
         raise ConfigError(f"cross-pollination always plays {CROSS_POLLINATION_ROUNDS} rounds "
                           "(positions, then revisions): --rounds applies to round-robin only")
@@ -318,8 +326,12 @@ def _outcome_lines(result: DebateResult, stop_rule: str) -> list[str]:
         else (f"{result.phi_hat:.2f} ({interpret_phi_hat(result.phi_hat)} change of positions)")
     )
     lines.append(f"Φ̂: {phi}")
+    cached = (f", {usage.cache_read_tokens} of the prompt read from the cache"
+              if usage.cache_read_tokens else "")
     lines.append(
         f"tokens: {usage.total_tokens} ({usage.prompt_tokens} prompt + "
-        f"{usage.completion_tokens} completion) over {result.calls} calls"
+        f"{usage.completion_tokens} completion{cached}) over {result.calls} calls"
     )
+    if result.cost is not None:
+        lines.append(f"cost: {result.cost.total:.6f} {result.cost.currency}")
     return lines

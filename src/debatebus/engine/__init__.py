@@ -4,7 +4,7 @@ from debatebus.engine.debate import Debate
 from debatebus.engine.definition import Budget, Judge, Participant, Utility, Verdict
 from debatebus.engine.phi import compute_phi_hat, interpret_phi_hat, tokenize
 from debatebus.engine.prompts import PROTOCOL_VERSION, Prompts
-from debatebus.engine.result import DebateResult, DebateState, Progress
+from debatebus.engine.result import DebateResult, DebateState, Progress, StopReason
 from debatebus.engine.templates import PromptContext
 from debatebus.engine.transcript import Round, Transcript, Turn
 
@@ -20,6 +20,7 @@ __all__ = [
     "PromptContext",
     "Prompts",
     "Round",
+    "StopReason",
     "Transcript",
     "Turn",
     "Utility",

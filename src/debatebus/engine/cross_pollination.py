@@ -22,6 +22,7 @@ from debatebus.engine.steps import (
 )
 from debatebus.engine.subdebates import SubDebateSession
 from debatebus.engine.transcript import Round, Turn
+from debatebus.llm.base import Message
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE
 
@@ -88,7 +89,7 @@ async def _phase(
     usage_before = await start_round(run, number, phase)
     lines = _position_lines(run, texts)
 
-    def prompt_of(p: Participant, offer: str) -> str:
+    def prompt_of(p: Participant, offer: str) -> Message:
         return run.prompt(
             phase,
             p.name,
@@ -107,7 +108,9 @@ async def _phase(
             return said
 
         async def reissue(feedback: str) -> Turn:
-            return await speak(run, p, phase, number, prompt_of(p, "") + feedback)
+            asked = prompt_of(p, "")
+            return await speak(run, p, phase, number,
+                               Message("user", asked.content + feedback, asked.breaks))
 
         return await children.answer(p, said, reissue)
 

@@ -128,8 +128,7 @@ class Debate(DebateSpec):
         # the protocol had decided (its Φ̂).
         outcome: Outcome | None = None
         synthesis: Turn | None = None
-        error: str | None = None
-        retryable = False
+        failure: DebateFailure | None = None
         try:
             deadline = _NO_DEADLINE if self.deadline_s is None else asyncio.timeout(self.deadline_s)
             async with deadline:
@@ -140,12 +139,12 @@ class Debate(DebateSpec):
                 await emit_phi(run, outcome.phi_hat)
                 if outcome.synthesis is not None:
                     synthesis = await synthesize(run, outcome.synthesis)
-        except DebateFailure as failure:
-            error, retryable = str(failure), not failure.final
+        except DebateFailure as failed:
+            failure = failed
         except TimeoutError:
-            error, retryable = f"debate {self.name!r} exceeded its deadline of {self.deadline_s} s", True
-        result = await finish(run, outcome, synthesis, error, retryable=retryable)
-        result.sub_debates = list(run.progress.sub_debates)
+            failure = DebateFailure(f"debate {self.name!r} exceeded its deadline of "
+                                    f"{self.deadline_s} s")
+        result = await finish(run, outcome, synthesis, failure)
         if self.on_metrics is not None:
             reported = self.on_metrics(DebateMetrics.of(result))
             if inspect.isawaitable(reported):

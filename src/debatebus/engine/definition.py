@@ -18,7 +18,8 @@ from debatebus.engine.prompts import (
 )
 from debatebus.engine.templates import TemplateParts, bind_template, validate_template
 from debatebus.exceptions import ConfigError
-from debatebus.llm.base import LLM
+from debatebus.llm.base import LLM, model_name
+from debatebus.pricing import Prices
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import DebateMetrics
@@ -91,10 +92,20 @@ class Judge:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """Hard limits for one debate, counted across resumes and checked before every call."""
+    """Hard limits for one debate, counted across resumes and checked before every call: a call is
+    not made once its debate has made ``max_calls`` calls, spent ``max_total_tokens`` tokens, or
+    spent ``max_cost`` (in the currency of the debate's ``prices``, which must price every model
+    the debate uses). Each counts the debate's own calls, not its sub-debates'."""
 
     max_total_tokens: int | None = None
     max_calls: int | None = None
+    max_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        cost = self.max_cost
+        if cost is not None and (isinstance(cost, bool) or not isinstance(cost, int | float)
+                                 or not cost > 0):
+            raise ConfigError(f"Budget max_cost must be a positive amount, not {cost!r}")
 
 
 Until = Callable[["DebateState"], bool]
@@ -109,7 +120,9 @@ class DebateSpec:
     shaped by ``synthesis_sections``). A judge with the shipped persona gets it in ``language``.
     ``on_metrics`` is called once at the end of each run with its ``DebateMetrics``.
     ``sub_debates`` (cross-pollination only) lets a 1b position ask a specialist panel: see
-    ``debatebus.engine.subdebates`` and docs/sub-debates.md."""
+    ``debatebus.engine.subdebates`` and docs/sub-debates.md. ``prices`` (``debatebus.pricing``)
+    prices its calls: its results carry ``cost`` when they price every model it used, and
+    ``budget.max_cost`` needs them."""
 
     name: str
     participants: Sequence[Participant]
@@ -132,6 +145,7 @@ class DebateSpec:
     synthesis_sections: SynthesisSections | None = None
     on_metrics: OnMetrics | None = None
     sub_debates: SubDebates | None = None
+    prices: Prices | None = None
     # Derived once here rather than on every call of every run.
     lang: Language = field(init=False)
     templates: Prompts = field(init=False)
@@ -144,6 +158,8 @@ class DebateSpec:
     personas: Mapping[str, str] = field(init=False)
     #: Each plain string template by (phase, speaker), its ``fixed_fields`` filled in.
     bound_templates: Mapping[tuple[str, str], TemplateParts] = field(init=False)
+    #: The model name each speaking role calls, by role name (what its calls are priced at).
+    models: Mapping[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         lang = language_named(self.language)
@@ -168,6 +184,8 @@ class DebateSpec:
             object.__setattr__(self, name, value)
         object.__setattr__(self, "personas", _personas(self))  # of the derived judge
         validate(self)
+        object.__setattr__(self, "models", _models(self))
+        _check_prices(self)
         object.__setattr__(self, "bound_templates", _bound_templates(self))
 
     def llm_for(self, role: Participant | Judge) -> LLM:
@@ -193,11 +211,33 @@ class DebateSpec:
         return chosen or Participant("audience", self.lang.audience_persona)
 
 
-def _personas(spec: DebateSpec) -> dict[str, str]:
+def _roles(spec: DebateSpec) -> list[Participant | Judge]:
+    """Every role that speaks: participants, moderator, synthesis speaker, judge, audience."""
     roles = [*spec.participants, spec.moderator, spec.synthesis_speaker, spec.judge]
     if spec.audience:
         roles.append(spec.audience_speaker)
-    return {r.name: r.system_prompt for r in roles if r is not None}
+    return [r for r in roles if r is not None]
+
+
+def _personas(spec: DebateSpec) -> dict[str, str]:
+    return {r.name: r.system_prompt for r in _roles(spec)}
+
+
+def _models(spec: DebateSpec) -> dict[str, str]:
+    return {r.name: model_name(spec.llm_for(r)) for r in _roles(spec)}
+
+
+def _check_prices(spec: DebateSpec) -> None:
+    """A cost budget is only kept with a price for every model the debate calls."""
+    if spec.budget is None or spec.budget.max_cost is None:
+        return
+    if spec.prices is None:
+        raise ConfigError("Budget(max_cost=…) needs prices: pass prices=… to Debate (e.g. "
+                          "debatebus.pricing.DEFAULT_PRICES, or Prices.from_file('prices.toml'))")
+    missing = spec.prices.missing(set(spec.models.values()))
+    if missing:
+        raise ConfigError(f"Budget(max_cost=…) needs a price for every model the debate calls; "
+                          f"prices has none for {missing}: add them (Prices.updated)")
 
 
 def fixed_fields(spec: DebateSpec, phase: str, speaker: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from debatebus.engine.definition import Participant
+from debatebus.llm.base import Message
 
 __all__ = ["Outcome", "SynthesisCall"]
 
@@ -15,7 +16,7 @@ class SynthesisCall:
 
     writer: Participant
     round: int
-    prompt: str
+    prompt: Message
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,19 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel
 
 from debatebus.engine.transcript import Round, Transcript, Turn
+from debatebus.exceptions import BudgetLimit
+from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
     from debatebus.engine.subdebates import SubDebateRecord
 
-__all__ = ["DebateResult", "DebateState", "Progress"]
+__all__ = ["DebateResult", "DebateState", "Progress", "StopReason"]
 
 Status = Literal["completed", "failed"]
+#: Why a debate was stopped before its protocol ended: a limit of its ``Budget`` (a final
+#: failure), or a fleet-wide spend limit (``debatebus.llm.spend``: it may pass).
+StopReason = BudgetLimit | Literal["spend_limit"]
 
 
 @dataclass(slots=True)
@@ -43,6 +48,11 @@ class DebateResult:
     #: A failure that may pass (a provider error, a timeout…): running again may complete it.
     #: False for a completed debate and for a final failure (a budget reached).
     retryable: bool = False
+    #: What stopped it, when a budget or a spend limit did (None otherwise).
+    stop_reason: StopReason | None = None
+    #: What it cost, its sub-debates included, when its ``prices`` priced every model it used
+    #: (None otherwise: never an estimate).
+    cost: DebateCost | None = None
 
     @property
     def transcript(self) -> Transcript:
@@ -85,8 +95,9 @@ class Progress:
     """What a debate has committed so far: the unit of checkpointing and of resume.
 
     Rounds are only ever appended; ``usage``/``calls`` include every call made, committed or not,
-    so budgets and accounting survive a resume. ``sub_debates`` are its children, recorded when
-    started (so a resumed run reuses their ids) and updated when they end.
+    so budgets and accounting survive a resume. ``by_speaker`` splits ``usage`` by who made the
+    calls (what prices them). ``sub_debates`` are its children, recorded when started (so a
+    resumed run reuses their ids) and updated when they end.
     """
 
     framing: Turn | None = None
@@ -94,3 +105,4 @@ class Progress:
     usage: TokenUsage = ZERO_USAGE
     calls: int = 0
     sub_debates: list[SubDebateRecord] = field(default_factory=list)
+    by_speaker: dict[str, TokenUsage] = field(default_factory=dict)

@@ -6,20 +6,17 @@ from debatebus.engine.outcome import Outcome, SynthesisCall
 from debatebus.engine.rules import require_a_survivor, round_robin_phi
 from debatebus.engine.run import Run
 from debatebus.engine.steps import finish_round, frame, speak, start_round
-from debatebus.engine.transcript import Round, Turn, render_round, render_turns
+from debatebus.engine.transcript import Round, TranscriptText, Turn, render_transcript
 
 __all__ = ["run_round_robin"]
 
 
-def _window_text(run: Run, number: int, current: list[Turn]) -> str:
+def _window_text(run: Run, number: int, current: list[Turn]) -> TranscriptText:
     """What a debater sees: the last N committed rounds (all without a window) plus this round so
     far, rendered from the turns."""
     window = run.spec.transcript_window
     rounds = run.progress.rounds if window is None else run.progress.rounds[-window:]
-    parts = [render_round(r) for r in rounds]
-    if current:
-        parts.append(render_turns(number, current))
-    return "\n\n".join(parts)
+    return render_transcript(rounds, number, current)
 
 
 async def run_round_robin(run: Run) -> Outcome:

@@ -3,29 +3,37 @@ functions of values."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from debatebus.engine.definition import Budget, DebateSpec
 from debatebus.engine.phi import compute_phi_hat
-from debatebus.engine.result import DebateState
+from debatebus.engine.result import DebateState, StopReason
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import BudgetExceededError, LLMResponseError
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.structured import InvalidStructuredOutput, parse_structured
-from debatebus.schemas.usage import TokenUsage
+from debatebus.schemas.cost import DebateCost
+from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+
+if TYPE_CHECKING:
+    from debatebus.engine.subdebates import SubDebateRecord
 
 __all__ = [
     "DebateFailure",
     "check_budget",
     "consensus_reached",
+    "debate_cost",
     "first_and_last_texts",
     "latest_verdict",
     "output_of",
     "parse_verdict",
     "require_a_survivor",
     "round_robin_phi",
+    "spent_cost",
     "stop_reached",
 ]
 
@@ -36,27 +44,70 @@ class DebateFailure(Exception):
     ``final``: running the debate again cannot end otherwise (a budget reached). Any other
     failure (a provider's error, a key or setting that is wrong, a timeout, a malformed answer)
     may pass: its result is published but not stored as the debate's answer, so a resend or a
-    replay runs it again from its last committed round."""
+    replay runs it again from its last committed round. ``stop_reason``: the budget limit or
+    spend limit that stopped it, if one did."""
 
-    def __init__(self, message: str, *, final: bool = False) -> None:
+    def __init__(self, message: str, *, final: bool = False,
+                 stop_reason: StopReason | None = None) -> None:
         super().__init__(message)
         self.final = final
+        self.stop_reason = stop_reason
 
 
-def check_budget(budget: Budget, calls: int, usage: TokenUsage, request: LLMRequest) -> None:
-    """Raise BudgetExceededError when ``calls``/``usage`` (spent so far) leave no room for
-    ``request``."""
+def check_budget(budget: Budget, calls: int, usage: TokenUsage, request: LLMRequest,
+                 cost: float = 0.0) -> None:
+    """Raise BudgetExceededError when ``calls``/``usage``/``cost`` (spent so far) leave no room
+    for ``request``."""
+    before = f"before {request.purpose} by {request.speaker!r} in round {request.round}"
     if budget.max_calls is not None and calls >= budget.max_calls:
         raise BudgetExceededError(
-            f"budget max_calls={budget.max_calls} reached: {calls} calls made before "
-            f"{request.purpose} by {request.speaker!r} in round {request.round}"
-        )
+            f"budget max_calls={budget.max_calls} reached: {calls} calls made {before}",
+            limit="max_calls")
     limit = budget.max_total_tokens
     if limit is not None and usage.total_tokens >= limit:
         raise BudgetExceededError(
-            f"budget max_total_tokens={limit} reached: {usage.total_tokens} tokens spent "
-            f"before {request.purpose} by {request.speaker!r} in round {request.round}"
-        )
+            f"budget max_total_tokens={limit} reached: {usage.total_tokens} tokens spent {before}",
+            limit="max_total_tokens")
+    if budget.max_cost is not None and cost >= budget.max_cost:
+        raise BudgetExceededError(
+            f"budget max_cost={budget.max_cost:g} reached: {cost:.6g} spent {before}",
+            limit="max_cost")
+
+
+def spent_cost(spec: DebateSpec, by_speaker: Mapping[str, TokenUsage]) -> float:
+    """What the calls in ``by_speaker`` cost at ``spec.prices`` (which price every model the debate
+    calls when its budget has ``max_cost``: checked at construction)."""
+    prices = spec.prices
+    if prices is None:
+        return 0.0
+    return math.fsum(prices.cost(spec.models.get(who, ""), usage) or 0.0
+                     for who, usage in by_speaker.items())
+
+
+def debate_cost(spec: DebateSpec, by_speaker: Mapping[str, TokenUsage],
+                children: Sequence[SubDebateRecord]) -> DebateCost | None:
+    """What a debate cost, by speaker, with its children; None unless every call that spent
+    something is priced (its model is in ``spec.prices``, a child's cost is known, in the same
+    currency): never an estimate."""
+    prices = spec.prices
+    if prices is None:
+        return None
+    participants: dict[str, float] = {}
+    for who, usage in by_speaker.items():
+        if usage == ZERO_USAGE:
+            continue
+        cost = prices.cost(spec.models.get(who, ""), usage)
+        if cost is None:
+            return None
+        participants[who] = cost
+    spent_by_children = []
+    for record in children:
+        if record.cost is None and record.usage == ZERO_USAGE:
+            continue  # it spent nothing: nothing to price
+        if record.cost is None or record.cost.currency != prices.currency:
+            return None
+        spent_by_children.append(record.cost.total)
+    return prices.debate_cost(participants, math.fsum(spent_by_children))
 
 
 def require_a_survivor(turns: Sequence[Turn], number: int, phase: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant, fixed_fields
 from debatebus.engine.result import DebateState, Progress
-from debatebus.engine.rules import check_budget, latest_verdict, stop_reached
+from debatebus.engine.rules import check_budget, latest_verdict, spent_cost, stop_reached
 from debatebus.engine.templates import (
     PromptContext,
     fill_parts,
@@ -19,9 +19,15 @@ from debatebus.engine.templates import (
     names_persona,
     template_fields,
 )
-from debatebus.engine.transcript import Round, Turn, render_round
+from debatebus.engine.transcript import (
+    NO_TRANSCRIPT,
+    Round,
+    TranscriptText,
+    Turn,
+    render_transcript,
+)
 from debatebus.exceptions import LLMError
-from debatebus.llm.base import LLMRequest
+from debatebus.llm.base import LLMRequest, Message
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
@@ -41,7 +47,7 @@ class Run:
     and reads everything its debate fixes from the spec."""
 
     __slots__ = ("debate_id", "event_types", "max_rounds", "on_commit", "on_event", "progress",
-                 "question", "request_id", "resumed_from", "seq", "spec", "started")
+                 "question", "request_id", "resumed_from", "seq", "spec", "started", "unmetered")
 
     def __init__(
         self,
@@ -64,7 +70,8 @@ class Run:
         self.event_types = event_types
         self.on_commit = on_commit
         self.progress = (
-            Progress(resume.framing, list(resume.rounds), resume.usage, resume.calls)
+            Progress(resume.framing, list(resume.rounds), resume.usage, resume.calls,
+                     by_speaker=dict(resume.by_speaker))
             if resume
             else Progress()
         )
@@ -72,6 +79,8 @@ class Run:
         self.max_rounds = min(spec.max_rounds, max_rounds) if max_rounds else spec.max_rounds
         self.seq = 0
         self.started = time.perf_counter()
+        #: A call answered without its usage: what the debate spent is not known in full.
+        self.unmetered = False
 
     # ---- events -------------------------------------------------------------------------------
 
@@ -99,36 +108,52 @@ class Run:
         """Before a model call: BudgetExceededError when the budget leaves no room for
         ``request``, else the call is counted. (The steps await the model themselves, with no
         coroutine of the run's in between: one frame fewer per debate in flight.)"""
-        if self.spec.budget is not None:
-            check_budget(self.spec.budget, self.progress.calls, self.progress.usage, request)
+        budget = self.spec.budget
+        if budget is not None:
+            progress = self.progress
+            cost = 0.0 if budget.max_cost is None else spent_cost(self.spec, progress.by_speaker)
+            check_budget(budget, progress.calls, progress.usage, request, cost)
         self.progress.calls += 1
 
-    def spend(self, usage: TokenUsage | None) -> TokenUsage:
-        """Count what a call spent (a response's usage, or a failed call's, when known)."""
+    def spend(self, who: str, usage: TokenUsage | None) -> TokenUsage:
+        """Count what ``who``'s call spent (a response's usage: None when it reported none)."""
         if usage is None:
+            self.unmetered = True
             return ZERO_USAGE
-        self.progress.usage += usage
-        return usage
+        return self._count(who, usage)
 
-    def spend_failed(self, exc: BaseException) -> TokenUsage:
-        """Count what a failed call spent: an LLMError may say (else nothing is known)."""
-        return self.spend(exc.usage if isinstance(exc, LLMError) else None)
+    def spend_failed(self, who: str, exc: BaseException) -> TokenUsage:
+        """Count what ``who``'s failed call spent: an LLMError may say (else nothing is known)."""
+        usage = exc.usage if isinstance(exc, LLMError) else None
+        return ZERO_USAGE if usage is None else self._count(who, usage)
+
+    def _count(self, who: str, usage: TokenUsage) -> TokenUsage:
+        progress = self.progress
+        progress.usage += usage
+        spent = progress.by_speaker.get(who)
+        progress.by_speaker[who] = usage if spent is None else spent + usage
+        return usage
 
     # ---- prompts ------------------------------------------------------------------------------
 
-    def prompt(self, phase: str, who: str, number: int, transcript: str = "", **extra: str) -> str:
-        """``phase``'s prompt for ``who``: a string template filled with the debate's fields, or a
-        callable given a PromptContext (with the DebateState)."""
+    def prompt(self, phase: str, who: str, number: int,
+               transcript: TranscriptText = NO_TRANSCRIPT, **extra: str) -> Message:
+        """``phase``'s prompt for ``who``, as the user message of its call: a string template
+        filled with the debate's fields (with its breaks: where the prefix it shares with the
+        debate's other calls ends), or a callable given a PromptContext (with the DebateState)."""
         spec = self.spec
         template = spec.templates.get(phase)
         if callable(template):
-            return template(self.context(who, number, phase, transcript, **extra))
+            return Message("user", template(self.context(who, number, phase, transcript.text,
+                                                         **extra)))
         values = template_fields(question=self.question, framing=self.framing_field(),
-                                 round=number, transcript=transcript, **extra)
+                                 round=number, transcript=transcript.text, **extra)
         bound = spec.bound_templates.get((phase, who))
         if bound is not None:  # the fields the debate fixes are in it already
-            return fill_parts(bound, values, template)
-        return fill_template(template, {**values, **fixed_fields(spec, phase, who)})
+            text, breaks = fill_parts(bound, values, template, transcript.breaks)
+            return Message("user", text, breaks)
+        return Message("user", fill_template(
+            template, {**values, **fixed_fields(spec, phase, who)}))
 
     def framing_field(self) -> str:
         """The ``{framing}`` of prompts: the committed framing, labelled, or nothing."""
@@ -159,13 +184,12 @@ class Run:
             **extra,
         )
 
-    def full_transcript(self, pending: str | None = None) -> str:
-        """Every committed round, plus a pending round's rendering; what judge and synthesis see.
-        Rendered from the turns at each call, not kept: a run holds its transcript once."""
-        parts = [render_round(r) for r in self.progress.rounds]
-        if pending is not None:
-            parts.append(pending)
-        return "\n\n".join(parts)
+    def full_transcript(self, pending: Round | None = None) -> TranscriptText:
+        """Every committed round, plus a pending round; what judge and synthesis see. Rendered
+        from the turns at each call, not kept: a run holds its transcript once."""
+        if pending is None:
+            return render_transcript(self.progress.rounds)
+        return render_transcript(self.progress.rounds, pending.number, pending.turns)
 
     def state(self, number: int) -> DebateState:
         rounds = self.progress.rounds

@@ -11,18 +11,17 @@ from pydantic import BaseModel
 from debatebus.engine.definition import DebateSpec, Judge, Participant
 from debatebus.engine.outcome import Outcome, SynthesisCall
 from debatebus.engine.phi import interpret_phi_hat
-from debatebus.engine.result import DebateResult
-from debatebus.engine.rules import DebateFailure, latest_verdict, output_of, parse_verdict
-from debatebus.engine.run import Run
-from debatebus.engine.transcript import (
-    Round,
-    Turn,
-    clean_turn,
-    fit_words,
-    render_round,
-    speaker_tags,
+from debatebus.engine.result import DebateResult, StopReason
+from debatebus.engine.rules import (
+    DebateFailure,
+    debate_cost,
+    latest_verdict,
+    output_of,
+    parse_verdict,
 )
-from debatebus.exceptions import BudgetExceededError, LLMError, TransportError
+from debatebus.engine.run import Run
+from debatebus.engine.transcript import Round, Turn, clean_turn, fit_words, speaker_tags
+from debatebus.exceptions import BudgetExceededError, LLMError, SpendLimitError, TransportError
 from debatebus.llm.base import LLMRequest, LLMResponse, Message, model_name
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
@@ -48,27 +47,36 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _stop_reason(exc: BaseException) -> StopReason | None:
+    """What a failed call says stopped the debate: a budget limit, or a spend limit."""
+    if isinstance(exc, BudgetExceededError):
+        return exc.limit
+    return "spend_limit" if isinstance(exc, SpendLimitError) else None
+
+
 def request_for(
     run: Run,
     who: Participant | Judge,
     purpose: str,
     number: int,
-    prompt: str,
+    prompt: Message,
     schema: type[BaseModel] | None = None,
 ) -> LLMRequest:
     """The request for ``who``'s ``purpose`` call: free text stops at another speaker's tag and,
-    under a word limit, at a token budget that fits it."""
+    under a word limit, at a token budget that fits it. Every call of a debate has its id as
+    ``cache_key``."""
     limit = run.spec.limits.get(purpose)
     stop = () if schema is not None else _stops(run, who.name)
     return LLMRequest(
         run.system_for(purpose, who),
-        (Message("user", prompt),),
+        (prompt,),
         schema,
         _token_budget(limit) if limit else None,
         who.name,
         purpose,
         number,
         stop,
+        run.debate_id,
     )
 
 
@@ -99,7 +107,7 @@ def model_of(spec: DebateSpec, response: LLMResponse, who: Participant | Judge) 
     return response.model or model_name(spec.llm_for(who))
 
 
-async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: str) -> Turn:
+async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: Message) -> Turn:
     """A participant's turn under the failure policy: a failed call becomes a failed turn. An
     answer that was all heading or another speaker's turn (nothing left once cleaned; not an
     empty answer, which is kept as is) is asked for once more: a small model that continued the
@@ -112,17 +120,20 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
         for _ in range(2):
             run.count_call(request)
             response = await llm.complete(request)
-            spent = spent + run.spend(response.usage)
+            spent = spent + run.spend(who.name, response.usage)
             text = clean_text(run, who, purpose, response.text)
             if text or not response.text.strip():
                 break
-    except BudgetExceededError as exc:
-        run.spend_failed(exc)
-        raise DebateFailure(str(exc), final=True) from exc
+    except (BudgetExceededError, SpendLimitError) as exc:
+        # Not the participant's failure: the debate stops (a budget for good; a spend limit
+        # until its window ends).
+        run.spend_failed(who.name, exc)
+        raise DebateFailure(str(exc), final=isinstance(exc, BudgetExceededError),
+                            stop_reason=_stop_reason(exc)) from exc
     except TransportError:
         raise  # the broker, store or limiter failed, not the participant: the delivery is released
     except Exception as exc:
-        usage = spent + run.spend_failed(exc)
+        usage = spent + run.spend_failed(who.name, exc)
         error = _describe(exc)
         await run.emit(
             ev.TurnFailed,
@@ -157,7 +168,7 @@ async def role_call(
     who: Participant | Judge,
     purpose: str,
     number: int,
-    prompt: str,
+    prompt: Message,
     schema: type[BaseModel] | None = None,
 ) -> tuple[LLMResponse, float]:
     """A moderator, judge or synthesizer call, and its duration in ms: any failure fails the
@@ -170,12 +181,13 @@ async def role_call(
     except TransportError:
         raise  # the broker, store or limiter failed, not the model: the delivery is released
     except Exception as exc:
-        run.spend_failed(exc)
+        run.spend_failed(who.name, exc)
         raise DebateFailure(
             f"{purpose} by {who.name!r} failed in round {number}: {_describe(exc)}",
             final=isinstance(exc, BudgetExceededError),  # running again meets the same budget
+            stop_reason=_stop_reason(exc),
         ) from exc
-    run.spend(response.usage)
+    run.spend(who.name, response.usage)
     return response, (time.perf_counter() - started) * 1000.0
 
 
@@ -200,10 +212,11 @@ async def frame(run: Run) -> None:
     )
 
 
-async def judge(run: Run, rnd: Round, transcript: str) -> BaseModel:
+async def judge(run: Run, rnd: Round) -> BaseModel:
+    """The judge's verdict on the debate so far, ``rnd`` (not committed yet) included."""
     judge = run.spec.judge
     assert judge is not None
-    prompt = run.prompt("judge", judge.name, rnd.number, transcript)
+    prompt = run.prompt("judge", judge.name, rnd.number, run.full_transcript(rnd))
     response, elapsed = await role_call(run, judge, "judge", rnd.number, prompt, judge.schema)
     verdict = response.structured
     if verdict is None:
@@ -250,7 +263,7 @@ async def start_round(run: Run, number: int, phase: str) -> TokenUsage:
 async def finish_round(run: Run, rnd: Round, usage_before: TokenUsage, *, judged: bool) -> None:
     """Judge (when ``judged`` and the debate has a judge), commit and report a round."""
     if judged and run.spec.judge is not None:
-        rnd.verdict = await judge(run, rnd, run.full_transcript(render_round(rnd)))
+        rnd.verdict = await judge(run, rnd)
     rnd.usage = run.progress.usage - usage_before
     await run.commit_round(rnd)
     if run.wants(ev.RoundCompleted):
@@ -262,42 +275,43 @@ async def emit_phi(run: Run, phi_hat: float | None) -> None:
         await run.emit(ev.PhiUpdate, phi_hat=phi_hat, level=interpret_phi_hat(phi_hat))
 
 
-def debate_result(
-    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None, *,
-    retryable: bool = False,
-) -> DebateResult:
+def debate_result(run: Run, outcome: Outcome | None, synthesis: Turn | None,
+                  failure: DebateFailure | None = None) -> DebateResult:
     """The run's state and its protocol's outcome (None when the debate failed before one);
-    ``retryable``: the failure ``error`` may pass (see ``DebateFailure``)."""
-    rounds = run.progress.rounds
+    ``failure``: what failed it (whether that may pass, what stopped it)."""
+    progress = run.progress
+    rounds = progress.rounds
     sole = outcome.sole_output if outcome is not None else None
+    children = list(progress.sub_debates)
     return DebateResult(
         debate_id=run.debate_id,
         question=run.question,
         rounds=list(rounds),
-        framing=run.progress.framing.text if run.progress.framing else None,
+        framing=progress.framing.text if progress.framing else None,
         synthesis=synthesis.text if synthesis else None,
         output=output_of(synthesis, rounds, sole),
-        status="failed" if error is not None else "completed",
-        satisfied=outcome is not None and outcome.satisfied and error is None,
+        status="failed" if failure is not None else "completed",
+        satisfied=outcome is not None and outcome.satisfied and failure is None,
         verdict=latest_verdict(rounds),
-        error=error,
-        token_usage=run.progress.usage,
+        error=None if failure is None else str(failure),
+        token_usage=progress.usage,
         phi_hat=outcome.phi_hat if outcome is not None else None,
         duration_ms=(time.perf_counter() - run.started) * 1000.0,
-        calls=run.progress.calls,
+        calls=progress.calls,
         debate_name=run.spec.name,
         resumed_from_round=run.resumed_from,
-        retryable=error is not None and retryable,
+        sub_debates=children,
+        retryable=failure is not None and not failure.final,
+        stop_reason=None if failure is None else failure.stop_reason,
+        cost=None if run.unmetered else debate_cost(run.spec, progress.by_speaker, children),
     )
 
 
-async def finish(
-    run: Run, outcome: Outcome | None, synthesis: Turn | None, error: str | None, *,
-    retryable: bool = False,
-) -> DebateResult:
+async def finish(run: Run, outcome: Outcome | None, synthesis: Turn | None,
+                 failure: DebateFailure | None = None) -> DebateResult:
     """The result, announced as DebateCompleted or DebateFailed."""
-    result = debate_result(run, outcome, synthesis, error, retryable=retryable)
-    if error is None:
+    result = debate_result(run, outcome, synthesis, failure)
+    if result.error is None:
         await run.emit(
             ev.DebateCompleted,
             rounds=len(result.rounds),
@@ -305,14 +319,17 @@ async def finish(
             output=result.output,
             token_usage=result.token_usage,
             duration_ms=result.duration_ms,
+            cost=result.cost,
         )
     else:
         await run.emit(
             ev.DebateFailed,
             rounds=len(result.rounds),
-            error=error,
+            error=result.error,
             token_usage=result.token_usage,
             duration_ms=result.duration_ms,
             retryable=result.retryable,
+            stop_reason=result.stop_reason,
+            cost=result.cost,
         )
     return result

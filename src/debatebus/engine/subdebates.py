@@ -22,6 +22,7 @@ from debatebus.engine.run import Run
 from debatebus.engine.transcript import Turn
 from debatebus.exceptions import ConfigError
 from debatebus.schemas import events as ev
+from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
@@ -121,6 +122,8 @@ class SubDebateRecord(msgspec.Struct, kw_only=True):
     #: The ``messageId`` of the child's request, where a bus published it (committed before it is
     #: published): only a result caused by that very message answers the child.
     message_id: str | None = None
+    #: What the child cost, its own children included, when its prices were known.
+    cost: DebateCost | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,8 @@ class ChildOutcome:
     #: The child's whole usage, its own children's included.
     usage: TokenUsage = ZERO_USAGE
     error: str | None = None
+    #: The child's whole cost, when known (its result's ``cost``, ``debateCost`` on a bus).
+    cost: DebateCost | None = None
 
 
 class ChildRunner(Protocol):
@@ -185,8 +190,10 @@ class InProcessChildren:
                                   on_event=self.on_event, depth=request.depth,
                                   request_id=request.child_id)
         if not result.ok:
-            return ChildOutcome("failed", usage=result.total_usage, error=result.error)
-        return ChildOutcome("completed", result.synthesis or result.output, result.total_usage)
+            return ChildOutcome("failed", usage=result.total_usage, error=result.error,
+                                cost=result.cost)
+        return ChildOutcome("completed", result.synthesis or result.output, result.total_usage,
+                            cost=result.cost)
 
     def _panel(self, domain: str, panel: Sequence[Participant]) -> Debate:
         debate = self.panels.get(domain)
@@ -194,7 +201,7 @@ class InProcessChildren:
             parent = self.parent
             debate = type(parent)(f"{parent.name}/{domain}", list(panel), llm=parent.llm,
                                   protocol="cross-pollination", language=parent.language,
-                                  sub_debates=parent.sub_debates)
+                                  sub_debates=parent.sub_debates, prices=parent.prices)
             self.panels[domain] = debate
         return debate
 
@@ -297,7 +304,7 @@ class SubDebateSession:
         except Exception as exc:  # degrade, never fail the parent
             outcome = ChildOutcome("failed", error=f"{type(exc).__name__}: {exc}")
         record.status, record.synthesis = outcome.status, outcome.synthesis
-        record.usage, record.error = outcome.usage, outcome.error
+        record.usage, record.error, record.cost = outcome.usage, outcome.error, outcome.cost
         if outcome.status == "completed":
             await run.emit(ev.SubDebateCompleted, **said, synthesis=outcome.synthesis or "",
                            usage=outcome.usage)

@@ -6,6 +6,11 @@ substituted value, so a topic like ``{input}`` or ``{{ x }}`` reaches the model 
 template (``{name}`` fields only, as the shipped ones are) is parsed once into its parts; the
 fields a debate fixes can be filled into those once too (``bind_template``), leaving only the
 per-call ones to ``fill_parts``.
+
+Binding also marks where the prefix that every call of a debate shares ends (for prompt caching):
+before the first field that is not one of ``SHARED_FIELDS``, or, when ``{transcript}`` comes first,
+at each turn of the transcript and at its end (each earlier call saw the transcript up to one of
+those). ``fill_parts`` returns those offsets as the prompt's *breaks*.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 from debatebus.exceptions import ConfigError
 
 __all__ = [
+    "SHARED_FIELDS",
     "PromptContext",
     "Template",
     "TemplateParts",
@@ -85,7 +91,7 @@ def fill_template(template: str, values: Mapping[str, Any]) -> str:
     is filled from its parts, parsed once: two to three times faster, on every call."""
     parts = _plain_parts(template)
     if parts is not None:
-        return fill_parts(parts, values, template)
+        return fill_parts(parts, values, template)[0]
     try:
         return template.format_map(values)
     except (KeyError, IndexError, ValueError) as exc:
@@ -95,41 +101,85 @@ def fill_template(template: str, values: Mapping[str, Any]) -> str:
 #: A plain template's literal texts, each with the field that follows it (None after the last).
 TemplateParts = tuple[tuple[str, str | None], ...]
 
+#: Fields whose values are the same in every call of a debate at any one time: a prompt's shared
+#: prefix (what a provider may cache) runs up to the first field not among them.
+SHARED_FIELDS = frozenset({"question", "framing", "participants", "audience", "debate_name"})
+# Part names that are not fields (no identifier has "<"): where the shared prefix ends, and the
+# transcript within it, which grows call by call (breaks at its turns and its end).
+_SHARED_END = "<shared end>"
+_SHARED_TRANSCRIPT = "<shared transcript>"
+
 
 def bind_template(template: Template, fixed: Mapping[str, str]) -> TemplateParts | None:
     """A plain string ``template``'s parts with the ``fixed`` fields filled in once, the texts
-    around each field left joined: ``fill_parts`` then fills only the others, per call. None for
-    a callable or a template that is not plain (``fill_template`` fills those)."""
+    around each field left joined, and the end of the prefix every call shares marked:
+    ``fill_parts`` then fills only the others, per call. None for a callable or a template that is
+    not plain (``fill_template`` fills those)."""
     parts = None if callable(template) else _plain_parts(template)
     if parts is None:
         return None
     bound: list[tuple[str, str | None]] = []
     text = ""
+    shared = True
     for literal, name in parts:
         text += literal
         if name is None:
             continue
+        if shared and name == "transcript":
+            bound.append((text, _SHARED_TRANSCRIPT))
+            text, shared = "", False
+            continue
+        if shared and name not in SHARED_FIELDS:
+            bound.append((text, _SHARED_END))
+            text, shared = "", False
         if name in fixed:
             text += fixed[name]
         else:
             bound.append((text, name))
             text = ""
+    if shared:  # no field varies: the whole prompt is shared
+        bound.append((text, _SHARED_END))
+        text = ""
     bound.append((text, None))
     return tuple(bound)
 
 
-def fill_parts(parts: TemplateParts, values: Mapping[str, Any], template: str) -> str:
-    """The text of ``parts`` (of ``template``) with its fields filled from ``values``."""
+def fill_parts(parts: TemplateParts, values: Mapping[str, Any], template: str,
+               transcript_breaks: tuple[int, ...] = ()) -> tuple[str, tuple[int, ...]]:
+    """The text of ``parts`` (of ``template``) with its fields filled from ``values``, and its
+    breaks: the offsets, ascending, where the prefix it shares with the debate's other calls ends
+    (``transcript_breaks``: those within ``values["transcript"]``)."""
     out = []
+    breaks: tuple[int, ...] = ()
     try:
         for text, name in parts:
             out.append(text)
-            if name is not None:
+            if name is None:
+                continue
+            if name is _SHARED_END:  # one marker at most: the offsets are summed once
+                at = sum(map(len, out))
+                breaks = (at,) if at else ()
+                continue
+            if name is _SHARED_TRANSCRIPT:
+                value = values["transcript"]
+                breaks = _transcript_breaks(sum(map(len, out)), value, transcript_breaks)
+            else:
                 value = values[name]
-                out.append(value if type(value) is str else format(value))
+            out.append(value if type(value) is str else format(value))
     except (KeyError, ValueError) as exc:
         raise _unknown_field(template, values, exc) from exc
-    return "".join(out)
+    return "".join(out), breaks
+
+
+def _transcript_breaks(at: int, transcript: str, within: tuple[int, ...]) -> tuple[int, ...]:
+    """A transcript's breaks once it is placed at ``at``: its start (when something comes before
+    it), after each of its turns (``within``, each > 0), its end (unless its last turn ends it)."""
+    breaks = [at] if at else []
+    breaks += [at + b for b in within]
+    end = at + len(transcript)
+    if end and (not breaks or breaks[-1] < end):
+        breaks.append(end)
+    return tuple(breaks)
 
 
 def _unknown_field(template: str, values: Mapping[str, Any], exc: Exception) -> ConfigError:

@@ -5,13 +5,23 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
-__all__ = ["Round", "Transcript", "Turn", "clean_turn", "fit_words", "speaker_tags"]
+__all__ = [
+    "NO_TRANSCRIPT",
+    "Round",
+    "Transcript",
+    "TranscriptText",
+    "Turn",
+    "clean_turn",
+    "fit_words",
+    "render_transcript",
+    "speaker_tags",
+]
 
 
 class Turn(msgspec.Struct, kw_only=True, gc=False):
@@ -75,6 +85,41 @@ def render_round(rnd: Round) -> str:
 def render_turns(number: int, turns: Iterable[Turn]) -> str:
     """Round ``number`` as prompt text: a header, then each successful turn, quoted."""
     return f"Round {number}:\n{_render_turns(turns)}"
+
+
+class TranscriptText(NamedTuple):
+    """A transcript as prompt text, with ``breaks``: the offsets just after each turn, where the
+    transcript an earlier call of the debate saw ends (for prompt caching)."""
+
+    text: str
+    breaks: tuple[int, ...] = ()
+
+
+NO_TRANSCRIPT = TranscriptText("")
+
+
+def render_transcript(rounds: Iterable[Round], number: int = 0,
+                      current: Sequence[Turn] = ()) -> TranscriptText:
+    """``rounds``, then round ``number``'s ``current`` turns (when there are any), as prompt text:
+    the rounds' ``render_round`` texts joined by blank lines, with a break after every turn.
+    (Plain loops: a debate renders its transcript for every call.)"""
+    texts: list[str] = []
+    breaks: list[int] = []
+    at = -2  # where the text so far ends, less the blank line before the next round
+    numbered: list[tuple[int, Sequence[Turn]]] = [(r.number, r.turns) for r in rounds]
+    if current:
+        numbered.append((number, current))
+    for rnd_number, turns in numbered:
+        shown = [_render_turn(t) for t in turns if not t.failed]
+        head = f"Round {rnd_number}:\n"
+        end = at + 1 + len(head)  # every turn but the first follows a line break
+        for turn in shown:
+            end += len(turn) + 1
+            breaks.append(end)
+        text = head + "\n".join(shown)
+        texts.append(text)
+        at += 2 + len(text)
+    return TranscriptText("\n\n".join(texts), tuple(breaks))
 
 
 def speaker_tags(name: str) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from debatebus.engine.result import Progress
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import InputError
-from debatebus.schemas.usage import TokenUsage
+from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "Ask",
@@ -38,6 +38,7 @@ __all__ = [
     "request_fingerprint",
     "restore_progress",
     "reused_id",
+    "spent_by_speaker",
 ]
 
 # A key no result field uses: the fingerprint rides in the stored result's JSON object.
@@ -212,7 +213,30 @@ def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
             rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
         progress.rounds.append(rnd)
     progress.sub_debates = list(children.values())
+    progress.by_speaker = spent_by_speaker(progress, spec)
+    cached = sum(progress.by_speaker.values(), ZERO_USAGE)
     c = stored.counters
-    progress.usage = TokenUsage(c.prompt_tokens, c.completion_tokens, c.total_tokens)
+    progress.usage = TokenUsage(c.prompt_tokens, c.completion_tokens, c.total_tokens,
+                                cached.cache_read_tokens, cached.cache_write_tokens)
     progress.calls = c.calls
     return progress
+
+
+def spent_by_speaker(progress: Progress, spec: DebateSpec) -> dict[str, TokenUsage]:
+    """Who spent what in the committed framing and rounds: each turn's usage is its speaker's,
+    and what a round spent beyond its turns is its judge's. (The counters stored at each commit
+    are the same calls' total: the per-speaker split is read back from the entries.)"""
+    spent: dict[str, TokenUsage] = {}
+
+    def add(who: str, usage: TokenUsage) -> None:
+        spent[who] = spent.get(who, ZERO_USAGE) + usage
+
+    if progress.framing is not None:
+        add(progress.framing.speaker, progress.framing.usage)
+    for rnd in progress.rounds:
+        for turn in rnd.turns:
+            add(turn.speaker, turn.usage)
+        beyond = rnd.usage - sum((t.usage for t in rnd.turns), ZERO_USAGE)
+        if spec.judge is not None and beyond != ZERO_USAGE:
+            add(spec.judge.name, beyond)
+    return spent

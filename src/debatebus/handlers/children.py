@@ -21,10 +21,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import Answers, request_message
 from debatebus.engine.subdebates import ChildOutcome, ChildRequest, ChildRunner, SubDebateRecord
 from debatebus.handlers.checkpointing import debate_key, decode_result
+from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import new_message_id
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 from debatebus.transports.base import Transport
@@ -50,18 +53,31 @@ def _usage(fields: Mapping[str, Any]) -> TokenUsage:
     if not isinstance(raw, Mapping):
         return ZERO_USAGE
     return TokenUsage(int(raw.get("promptTokens", 0)), int(raw.get("completionTokens", 0)),
-                      int(raw.get("totalTokens", 0)))
+                      int(raw.get("totalTokens", 0)), int(raw.get("cacheReadTokens", 0)),
+                      int(raw.get("cacheWriteTokens", 0)))
+
+
+def _cost(fields: Mapping[str, Any]) -> DebateCost | None:
+    """The child's ``debateCost`` (None when absent: its prices were not known, or a worker older
+    than costs answered; one that does not decode is not known either)."""
+    raw = fields.get("debateCost")
+    if raw is None:
+        return None
+    try:
+        return msgspec.convert(raw, DebateCost)
+    except msgspec.ValidationError:
+        return None
 
 
 def outcome_of(fields: Mapping[str, Any]) -> ChildOutcome:
     """A child's result fields (published or stored) as the outcome the parent's engine takes."""
-    usage = _usage(fields)
+    usage, cost = _usage(fields), _cost(fields)
     if fields.get("debateStatus") != "completed":
         error = fields.get("debateError")
         return ChildOutcome("failed", usage=usage,
-                            error=str(error) if error else "the child debate failed")
+                            error=str(error) if error else "the child debate failed", cost=cost)
     synthesis = fields.get("debateSynthesis") or fields.get("debateOutput")
-    return ChildOutcome("completed", str(synthesis) if synthesis else "", usage)
+    return ChildOutcome("completed", str(synthesis) if synthesis else "", usage, cost=cost)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from debatebus.engine.debate import DebateMetrics
 from debatebus.engine.result import DebateResult
 from debatebus.redaction import redact
-from debatebus.schemas.usage import TokenUsage
+from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "RESULT_EXPIRED",
@@ -40,7 +40,8 @@ RESULT_FIELDS: frozenset[str] = frozenset({
     "debateTokenUsage", "debateTranscript", "debateVerdict", "debatePhiHat", "debateAgents",
     "debateDurationMs", "debateSatisfied", "debateError", "debateReplayed", "debateRetryable",
     "debateResumedFromRound", "debateSubDebates", "debateChildrenTokenUsage",
-    "debateTotalTokenUsage", RESULT_EXPIRED, "debatePayloadTruncated",
+    "debateTotalTokenUsage", RESULT_EXPIRED, "debatePayloadTruncated", "debateCost",
+    "debateStopReason",
 })
 
 
@@ -62,7 +63,8 @@ def to_builtins(value: Any) -> Any:
 
 def _usage(usage: TokenUsage) -> dict[str, int]:
     return {"promptTokens": usage.prompt_tokens, "completionTokens": usage.completion_tokens,
-            "totalTokens": usage.total_tokens}
+            "totalTokens": usage.total_tokens, "cacheReadTokens": usage.cache_read_tokens,
+            "cacheWriteTokens": usage.cache_write_tokens}
 
 
 def _sub_debate_fields(result: DebateResult) -> dict[str, Any]:
@@ -83,13 +85,19 @@ def _sub_debate_fields(result: DebateResult) -> dict[str, Any]:
 
 
 def _run_fields(result: DebateResult) -> dict[str, Any]:
-    """How the run went beyond its status: resumed from a committed round (a re-run), and for a
-    failure, whether it may pass (``debateRetryable``: a resend or replay runs it again)."""
+    """How the run went beyond its status: resumed from a committed round (a re-run); for a
+    failure, whether it may pass (``debateRetryable``: a resend or replay runs it again) and the
+    budget or spend limit that stopped it (``debateStopReason``); what it cost (``debateCost``),
+    when its prices priced every model it used: absent otherwise, never an estimate."""
     fields: dict[str, Any] = {}
     if result.resumed_from_round:
         fields["debateResumedFromRound"] = result.resumed_from_round
     if result.status == "failed":
         fields["debateRetryable"] = result.retryable
+    if result.stop_reason is not None:
+        fields["debateStopReason"] = result.stop_reason
+    if result.cost is not None:
+        fields["debateCost"] = to_builtins(result.cost)
     return fields
 
 
@@ -129,7 +137,7 @@ def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
         "debateSynthesis": None,
         "debateRounds": 0,
         "debateStatus": "failed",
-        "debateTokenUsage": {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0},
+        "debateTokenUsage": _usage(ZERO_USAGE),
         "debateError": redact(error),
         "debateReplayed": False,
         "debateRetryable": False,

@@ -18,12 +18,13 @@ from debatebus.llm.ratelimit import (
     RateLimiter,
     with_rate_limits,
 )
+from debatebus.llm.spend import MemorySpendLimiter, SpendLimit, SpendLimitedLLM, SpendLimiter
 
 if TYPE_CHECKING:
     from debatebus.llm.anthropic_llm import AnthropicLLM
     from debatebus.llm.local import LocalLLM
     from debatebus.llm.openai_compat import OpenAICompatibleLLM
-    from debatebus.llm.ratelimit_redis import RedisRateLimiter
+    from debatebus.llm.ratelimit_redis import RedisRateLimiter, RedisSpendLimiter
     from debatebus.llm.registry import resolve_llm
 
 __all__ = [
@@ -35,13 +36,18 @@ __all__ = [
     "LLMResponse",
     "LocalLLM",
     "MemoryRateLimiter",
+    "MemorySpendLimiter",
     "Message",
     "OpenAICompatibleLLM",
     "RateLimit",
     "RateLimitedLLM",
     "RateLimiter",
     "RedisRateLimiter",
+    "RedisSpendLimiter",
     "ScriptedLLM",
+    "SpendLimit",
+    "SpendLimitedLLM",
+    "SpendLimiter",
     "model_name",
     "resolve_llm",
     "with_rate_limits",
@@ -57,6 +63,7 @@ _LAZY = {
     "AnthropicLLM": "debatebus.llm.anthropic_llm",
     "LocalLLM": "debatebus.llm.local",
     "RedisRateLimiter": "debatebus.llm.ratelimit_redis",
+    "RedisSpendLimiter": "debatebus.llm.ratelimit_redis",
     "resolve_llm": "debatebus.llm.registry",
 }
 

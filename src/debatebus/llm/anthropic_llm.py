@@ -3,22 +3,34 @@
 Structured output (judges) uses the same path as every other provider — the schema in the system
 prompt, the first JSON object extracted from the answer, validation, one repair — because it works
 on every Claude model and every Messages-compatible proxy.
+
+Prompt caching: a message with ``breaks`` (where a prefix the debate's other calls share ends) is
+sent as text blocks cut there, with ``cache_control`` on the block that ends the longest shared
+prefix (so later calls read what this one writes), on the first (the stable head: system text and
+question), and on enough between them that every earlier write lies within the ~20 blocks Anthropic
+looks back from a breakpoint: at most 4. Prompts below the model's minimum are not cached.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 try:
     import anthropic
-    from anthropic.types import AssistantMessageParam, MessageParam, UserMessageParam
+    from anthropic.types import (
+        AssistantMessageParam,
+        MessageParam,
+        TextBlockParam,
+        UserMessageParam,
+    )
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "AnthropicLLM needs the anthropic SDK: pip install 'debatebus[anthropic]'"
     ) from _exc
 
 from debatebus.exceptions import ConfigError, LLMResponseError
-from debatebus.llm.base import LLMRequest
+from debatebus.llm.base import LLMRequest, Message
 from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
 from debatebus.llm.retry import (
     DEFAULT_TIMEOUT,
@@ -31,7 +43,22 @@ from debatebus.llm.structured import Completion
 from debatebus.redaction import redact
 from debatebus.schemas.usage import TokenUsage
 
-__all__ = ["AnthropicLLM", "map_anthropic_error"]
+__all__ = ["AnthropicLLM", "map_anthropic_error", "min_cacheable_tokens"]
+
+#: Breakpoints Anthropic takes per request, and the blocks it looks back from one for an earlier
+#: write (its prompt caching documentation).
+_MAX_BREAKPOINTS = 4
+_LOOKBACK_BLOCKS = 20
+# The shortest prefix each model caches, by model-name prefix; 1024 for the others.
+_MIN_CACHEABLE = (
+    ("claude-opus-4-5", 4096), ("claude-opus-4-6", 4096), ("claude-haiku-4-5", 4096),
+    ("claude-sonnet-4-6", 2048), ("claude-3-5-haiku", 2048), ("claude-3-haiku", 2048),
+)
+
+
+def min_cacheable_tokens(model: str) -> int:
+    """The shortest prompt prefix ``model`` caches (tokens); a shorter one is silently not."""
+    return next((n for prefix, n in _MIN_CACHEABLE if model.startswith(prefix)), 1024)
 
 
 def _error_detail(exc: Any) -> str:
@@ -45,26 +72,97 @@ def map_anthropic_error(exc: BaseException, *, model: str, base_url: str) -> Pro
     )
 
 
-def _messages(request: LLMRequest) -> list[MessageParam]:
-    return [
-        AssistantMessageParam(role="assistant", content=message.content)
-        if message.role == "assistant"
-        else UserMessageParam(role="user", content=message.content)
-        for message in request.messages
-    ]
+def _pieces(message: Message) -> list[tuple[str, bool]]:
+    """``message``'s content cut at its breaks: each piece, and whether a shared prefix ends with
+    it. A piece without visible text joins the next one (the API refuses blank text blocks)."""
+    content = message.content
+    cuts = [0]
+    for b in message.breaks:
+        if cuts[-1] < b < len(content) and content[cuts[-1]:b].strip():
+            cuts.append(b)
+    shared = set(message.breaks)
+    flags = [b in shared for b in (*cuts[1:], len(content))]
+    if len(cuts) > 1 and not content[cuts[-1]:].strip():  # a blank tail joins the piece before
+        cuts.pop()
+        flags[-2:] = [flags[-2] or flags[-1]]
+    ends = [*cuts[1:], len(content)]
+    return [(content[a:b], flag) for a, b, flag in zip(cuts, ends, flags, strict=True)]
+
+
+def _breakpoints(candidates: Sequence[int]) -> set[int]:
+    """Which of the blocks ending a shared prefix (their indices, ascending) get ``cache_control``:
+    the last, then earlier ones so that each lies within the lookback of one, then the first."""
+    if not candidates:
+        return set()
+    chosen = [candidates[-1]]
+    for index in reversed(candidates[:-1]):
+        if len(chosen) >= _MAX_BREAKPOINTS - 1:
+            break
+        if chosen[-1] - index >= _LOOKBACK_BLOCKS - 1:
+            chosen.append(index)
+    if len(chosen) < _MAX_BREAKPOINTS:
+        chosen.append(candidates[0])
+    return set(chosen)
+
+
+def _messages(request: LLMRequest, cache: bool) -> list[MessageParam]:
+    """The request's messages; with ``cache``, those with breaks as text blocks cut there, with
+    ``cache_control`` on the breakpoints ``_breakpoints`` picks."""
+    split = [_pieces(m) if cache and m.breaks and m.role == "user" else None
+             for m in request.messages]
+    candidates, index = [], 0
+    for pieces in split:
+        for _, shared in pieces or [("", False)]:
+            if shared:
+                candidates.append(index)
+            index += 1
+    marked = _breakpoints(candidates)
+    out: list[MessageParam] = []
+    index = 0
+    for message, pieces in zip(request.messages, split, strict=True):
+        if message.role == "assistant":
+            out.append(AssistantMessageParam(role="assistant", content=message.content))
+            index += 1
+        elif pieces is None:
+            out.append(UserMessageParam(role="user", content=message.content))
+            index += 1
+        else:
+            out.append(UserMessageParam(role="user", content=_blocks(pieces, index, marked)))
+            index += len(pieces)
+    return out
+
+
+def _blocks(pieces: list[tuple[str, bool]], first: int,
+            marked: set[int]) -> list[TextBlockParam]:
+    """Text blocks of ``pieces``, the first at block index ``first``; those ``marked`` carry
+    ``cache_control``."""
+    blocks: list[TextBlockParam] = []
+    for index, (text, _) in enumerate(pieces, first):
+        block = TextBlockParam(type="text", text=text)
+        if index in marked:
+            block["cache_control"] = {"type": "ephemeral"}
+        blocks.append(block)
+    return blocks
+
+
+
+def _count(usage: Any, name: str) -> int:
+    value = getattr(usage, name, None)
+    return value if isinstance(value, int) else 0
 
 
 def _usage(message: Any) -> TokenUsage | None:
     usage = getattr(message, "usage", None)
-    prompt = getattr(usage, "input_tokens", None)
+    uncached = getattr(usage, "input_tokens", None)
     answer = getattr(usage, "output_tokens", None)
-    if not isinstance(prompt, int) or not isinstance(answer, int):
+    if not isinstance(uncached, int) or not isinstance(answer, int):
         return None
-    # Cached input is still input the prompt carried (and is billed, at another rate).
-    for name in ("cache_creation_input_tokens", "cache_read_input_tokens"):
-        cached = getattr(usage, name, None)
-        prompt += cached if isinstance(cached, int) else 0
-    return TokenUsage.of(prompt, answer)
+    # Anthropic's input_tokens leaves out what was read from or written to the cache: the prompt
+    # carried those too (billed at other rates).
+    read = _count(usage, "cache_read_input_tokens")
+    written = _count(usage, "cache_creation_input_tokens")
+    return TokenUsage.of(uncached + read + written, answer, cache_read_tokens=read,
+                         cache_write_tokens=written)
 
 
 def _to_completion(message: Any, model: str) -> Completion:
@@ -86,6 +184,8 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
     extra body field because recent SDKs no longer list it. ``timeout`` bounds one attempt,
     ``total_timeout`` one call over all its attempts and waits. ``retry_policy``, when given,
     replaces the policy built from ``timeout``, ``total_timeout`` and ``max_retries``.
+    ``prompt_caching``: mark the debate's shared prefixes with ``cache_control`` (the module's
+    docstring says where); off for a Messages-compatible server that refuses the field.
     """
 
     def __init__(
@@ -100,6 +200,7 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
         max_tokens: int = 1024,
         temperature: float | None = None,
         retry_policy: RetryPolicy | None = None,
+        prompt_caching: bool = True,
     ) -> None:
         if not model:
             raise ConfigError("AnthropicLLM needs a model name, e.g. 'claude-3-5-haiku-latest'")
@@ -135,12 +236,14 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
         )
         self._max_tokens = max_tokens
         self._temperature = temperature
+        self._caching = prompt_caching
+        self._min_cacheable = min_cacheable_tokens(model)
 
     async def _send(self, request: LLMRequest) -> Completion:
         extra: dict[str, Any] = {}
         if self._temperature is not None:
             extra["temperature"] = self._temperature
-        messages = _messages(request)
+        messages = _messages(request, self._caching)
         max_tokens = request.max_tokens or self._max_tokens
 
         async def attempt() -> Completion:
@@ -154,4 +257,7 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
             )
             return _to_completion(message, self._model)
 
-        return await self._with_retries(attempt)
+        answer = await self._with_retries(attempt)
+        if self._caching and answer.usage is not None and any(m.breaks for m in request.messages):
+            self._note_too_short_to_cache(answer.usage.prompt_tokens, self._min_cacheable)
+        return answer

@@ -18,15 +18,23 @@ Role = Literal["user", "assistant"]
 # Treat them as immutable all the same.
 @dataclass(slots=True)
 class Message:
+    """One message. ``breaks``: offsets into ``content``, ascending, where a prefix the debate's
+    other calls share ends (the prompt's stable head, each earlier call's transcript, the whole
+    transcript so far): a provider that caches prompt prefixes marks its cache there (Anthropic's
+    ``cache_control``). Everything after the last break varies from call to call."""
+
     role: Role
     content: str
+    breaks: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
 class LLMRequest:
     """What a speaker is asked. ``purpose`` and ``speaker`` let fakes and logs tell calls apart.
     ``stop``: strings that end the answer where they would appear (e.g. another speaker's tag);
-    a provider that cannot pass them on may ignore them (the engine also cuts turns itself)."""
+    a provider that cannot pass them on may ignore them (the engine also cuts turns itself).
+    ``cache_key``: the same for every call of one debate (its id), so a provider can route the
+    debate's calls to where their shared prefix is cached (OpenAI's ``prompt_cache_key``)."""
 
     system: str
     messages: tuple[Message, ...]
@@ -36,6 +44,7 @@ class LLMRequest:
     purpose: str = ""
     round: int = 0
     stop: tuple[str, ...] = ()
+    cache_key: str = ""
 
     @property
     def prompt(self) -> str:

@@ -20,8 +20,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
-
 try:
     import llama_cpp
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
@@ -32,8 +30,8 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     ) from _exc
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
-from debatebus.llm.base import LLMRequest, LLMResponse, Message
-from debatebus.llm.structured import Completion, complete_structured, json_instructions
+from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
 from debatebus.loops import PerLoop
 from debatebus.schemas.usage import TokenUsage
 
@@ -98,14 +96,6 @@ class PromptStats:
 def _prompt_evals(llama: Any) -> int:
     """llama.cpp's running count of prompt tokens evaluated by this context."""
     return int(llama_cpp.llama_perf_context(llama.ctx).n_p_eval)
-
-
-def _with_trailing_instructions(request: LLMRequest, schema: type[BaseModel]) -> LLMRequest:
-    """The JSON instructions at the end of the last message, not in the system prompt: the
-    system prompt and the transcript stay a prefix shared with the debaters' calls."""
-    *head, last = request.messages or (Message("user", ""),)
-    closing = Message(last.role, f"{last.content}\n\n{json_instructions(schema)}")
-    return dataclasses.replace(request, messages=(*head, closing))
 
 
 def _default_threads() -> int:
@@ -200,7 +190,7 @@ class LocalLLM:
         }
         send = partial(self._generate, response_format=response_format)
         return await complete_structured(
-            _with_trailing_instructions(request, schema), send, model=self.model
+            with_json_instructions(request, schema), send, model=self.model
         )
 
     async def _generate(

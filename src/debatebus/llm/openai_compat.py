@@ -3,14 +3,22 @@
 Works with Ollama, vLLM, llama.cpp's and llama-cpp-python's servers, LM Studio… The SDK's own
 retries are off (``max_retries=0``) so that one policy — ours, in ``retry.py`` — governs every
 provider.
+
+Prompt caching: OpenAI caches every prompt of 1024 tokens or more by itself and reports the tokens
+read as ``usage.prompt_tokens_details.cached_tokens``. The engine's prompts keep what a debate's
+calls share first, byte for byte (the message text is sent as it is, breaks or not), and each call
+carries a ``prompt_cache_key`` derived from its debate's id, so that the debate's calls are routed
+to where their prefix is cached.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 from functools import partial
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 try:
     import openai
@@ -41,7 +49,7 @@ from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.redaction import redact
 from debatebus.schemas.usage import TokenUsage
 
-__all__ = ["OpenAICompatibleLLM", "map_openai_error", "strict_json_schema"]
+__all__ = ["OpenAICompatibleLLM", "map_openai_error", "prompt_cache_key", "strict_json_schema"]
 
 StructuredMode = Literal["auto", "json_schema", "json_object", "instructions"]
 _MODES: tuple[StructuredMode, ...] = ("auto", "json_schema", "json_object", "instructions")
@@ -49,6 +57,8 @@ _MODES: tuple[StructuredMode, ...] = ("auto", "json_schema", "json_object", "ins
 _LADDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "instructions")
 # OpenAI's Chat Completions API takes at most 4 stop sequences; the engine cuts turns itself too.
 MAX_STOP_SEQUENCES = 4
+# OpenAI caches prompts of this many tokens and more (in steps of 128): its prompt caching guide.
+MIN_CACHEABLE_TOKENS = 1024
 
 
 def _error_detail(exc: openai.APIError) -> str:
@@ -178,7 +188,22 @@ def _usage(completion: Any) -> TokenUsage | None:
     if not isinstance(prompt, int) or not isinstance(answer, int):
         return None
     total = getattr(usage, "total_tokens", None)
-    return TokenUsage(prompt, answer, total if isinstance(total, int) else prompt + answer)
+    # Included in prompt_tokens; servers without caching leave the details out (or null).
+    cached = getattr(getattr(usage, "prompt_tokens_details", None), "cached_tokens", None)
+    return TokenUsage(prompt, answer, total if isinstance(total, int) else prompt + answer,
+                      cached if isinstance(cached, int) else 0)
+
+
+def _is_openai(base_url: str) -> bool:
+    """Whether ``base_url`` is OpenAI's own API (which takes ``prompt_cache_key``)."""
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    return host == "openai.com" or host.endswith(".openai.com")
+
+
+def prompt_cache_key(cache_key: str) -> str:
+    """What a request with ``cache_key`` (its debate's id) sends as ``prompt_cache_key``: a hash,
+    so that no debate id reaches the provider."""
+    return "debatebus-" + hashlib.blake2b(cache_key.encode(), digest_size=12).hexdigest()
 
 
 def _to_completion(completion: Any, model: str) -> Completion:
@@ -211,6 +236,10 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
     a placeholder when neither is set (for a paid one it is a ``ConfigError``). ``timeout`` bounds
     one attempt, ``total_timeout`` one call over all its attempts and waits. ``retry_policy``, when
     given, replaces the policy built from ``timeout``, ``total_timeout`` and ``max_retries``.
+
+    ``send_prompt_cache_key``: send each debate's ``prompt_cache_key`` (a hash of its id); None
+    (the default) sends it to OpenAI's own API only (``*.openai.com``), since servers that refuse
+    unknown fields would fail the call. True for a compatible server that accepts it, False never.
     """
 
     def __init__(
@@ -226,6 +255,7 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         max_tokens: int | None = None,
         structured: StructuredMode = "auto",
         retry_policy: RetryPolicy | None = None,
+        send_prompt_cache_key: bool | None = None,
     ) -> None:
         if structured not in _MODES:
             raise ConfigError(f"structured must be one of {', '.join(_MODES)}, not {structured!r}")
@@ -258,6 +288,8 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         self._classify_structured = partial(
             _map_structured_error, model=model, base_url=self._shown_url
         )
+        self._cache_key = (_is_openai(self._base_url) if send_prompt_cache_key is None
+                           else send_prompt_cache_key)
 
     async def _send_structured(self, request: LLMRequest) -> Completion:
         schema = request.response_schema
@@ -291,6 +323,9 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
             params[name] = max_tokens
         if request.stop:
             params["stop"] = list(request.stop[:MAX_STOP_SEQUENCES])
+        if self._cache_key and request.cache_key:
+            # As an extra field: SDKs older than the parameter would refuse the keyword.
+            params["extra_body"] = {"prompt_cache_key": prompt_cache_key(request.cache_key)}
         return params
 
     async def _send(
@@ -307,6 +342,9 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
             )
             return _to_completion(completion, self._model)
 
-        return await self._with_retries(
+        answer = await self._with_retries(
             attempt, self._classify if response_format is None else self._classify_structured
         )
+        if self._cache_key and answer.usage is not None:
+            self._note_too_short_to_cache(answer.usage.prompt_tokens, MIN_CACHEABLE_TOKENS)
+        return answer

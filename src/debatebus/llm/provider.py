@@ -9,6 +9,7 @@ other's.
 from __future__ import annotations
 
 import abc
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -27,6 +28,8 @@ from debatebus.llm.structured import Completion, complete_structured, with_json_
 from debatebus.redaction import redact, url_secrets
 
 __all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "api_key_or_placeholder", "key_hint"]
+
+log = logging.getLogger("debatebus.llm")
 
 # Local servers ignore the key, but the SDKs refuse to start without one.
 _PLACEHOLDER_KEY = "not-needed"
@@ -97,6 +100,7 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
         # Errors name the server by its redacted URL: they end up in events, results and stores.
         self._shown_url = redact(self._base_url)
         self._classify: Classifier = partial(map_error, model=model, base_url=self._shown_url)
+        self._said_too_short = False  # said once that a prompt was too short to cache
 
     @property
     def model(self) -> str:
@@ -131,6 +135,16 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
         schema = request.response_schema
         assert schema is not None
         return await self._send(with_json_instructions(request, schema))
+
+    def _note_too_short_to_cache(self, prompt_tokens: int, minimum: int) -> None:
+        """Say once, in the debug log, that a prompt of ``prompt_tokens`` is below ``minimum``, the
+        shortest prefix the provider caches: nothing of it was cached, and no error says so."""
+        if prompt_tokens >= minimum or self._said_too_short:
+            return
+        self._said_too_short = True
+        log.debug("%s: a prompt of %d tokens is below the %d tokens %s caches at least, so "
+                  "nothing of it is cached (a debate's later, longer prompts are); said once",
+                  self._model, prompt_tokens, minimum, self._shown_url)
 
     async def _with_retries(
         self, attempt: Callable[[], Awaitable[Completion]], classify: Classifier | None = None

@@ -1,19 +1,22 @@
-"""``RedisRateLimiter``: one token bucket in Redis, shared by every worker using the same limit.
+"""The fleet's limits in Redis, shared by every worker using the same limit name and prefix:
+``RedisRateLimiter`` (one token bucket) and ``RedisSpendLimiter`` (money per time window).
 
-Keys, hash-tagged by the limit's name so that both live in one Redis Cluster slot::
+Keys, hash-tagged by the limit's name so that a limit's keys live in one Redis Cluster slot::
 
     {prefix}:{ratelimit:<name>}:bucket   hash  rq, tk (request and token levels), ts (last refill,
                                                ms of Redis's clock), bu (nobody is granted before)
     {prefix}:{ratelimit:<name>}:holders  zset  concurrency slots: holder → lease expiry (ms)
+    {prefix}:{spend:<name>}              hash  w (the current window's number), s (spent in it)
 
-One Lua script makes every change, on Redis's own clock (``TIME``), so workers' clocks may
-disagree. The bucket key expires when it would have refilled anyway; a slot whose holder died
-frees itself after ``lease_s``.
+One Lua script per kind of limit makes every change, on Redis's own clock (``TIME``), so workers'
+clocks may disagree. The bucket key expires when it would have refilled anyway, the spend key when
+its window ends; a slot whose holder died frees itself after ``lease_s``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from debatebus.llm.ratelimit import (
     CONCURRENCY_POLL_S,
@@ -22,6 +25,7 @@ from debatebus.llm.ratelimit import (
     RateLimiter,
     WaitObserver,
 )
+from debatebus.llm.spend import SpendLimit, SpendLimiter, Window
 from debatebus.loops import SharedCall
 from debatebus.transports.redis_cluster import Batcher, evalsha, make_batcher
 from debatebus.transports.redis_common import (
@@ -34,7 +38,7 @@ from debatebus.transports.redis_common import (
     url_or_given,
 )
 
-__all__ = ["RedisRateLimiter"]
+__all__ = ["RedisRateLimiter", "RedisSpendLimiter"]
 
 # ARGV: op, request rate (per ms), request capacity, token rate (per ms), token capacity,
 # max_concurrent (0: none), then the op's own arguments. Replies with the ms worth waiting
@@ -101,7 +105,71 @@ if max_conc > 0 then
 end
 return '0'
 """
-_SHA = script_sha(_SCRIPT)
+# KEYS[1]: the limit's hash. ARGV: op ("get" or "add"), the window (ms), the amount added. Replies
+# with what the current window has spent and the ms until it ends (strings, to keep fractions).
+_SPEND_SCRIPT = """
+local key, op, window = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local index = math.floor(now / window)
+local left = (index + 1) * window - now
+local s = redis.call('HMGET', key, 'w', 's')
+local spent = 0
+if tonumber(s[1]) == index then spent = tonumber(s[2]) or 0 end
+if op == 'add' then
+  spent = spent + tonumber(ARGV[3])
+  redis.call('HSET', key, 'w', string.format('%d', index), 's', string.format('%.17g', spent))
+  redis.call('PEXPIRE', key, math.ceil(left) + 1000)
+end
+return {string.format('%.17g', spent), string.format('%.17g', left)}
+"""
+
+
+class _Scripts:
+    """One limit's script calls on Redis (a URL, or a client the caller keeps owning), each
+    pipelined with every other of this loop tick and bounded by ``timeout_s``; Redis errors raise
+    ``TransportError``."""
+
+    def __init__(self, url_or_client: str | RedisClient, script: str, *,
+                 connect_timeout: float, timeout_s: float) -> None:
+        self._url, self._given = url_or_given(url_or_client)
+        self._where = describe(self._url, self._given)
+        self._script = script
+        self._sha = script_sha(script)
+        self._connect_timeout = connect_timeout
+        self._timeout_s = timeout_s
+        self._client: RedisClient | None = None
+        self._batch: Batcher | None = None
+        self._load_script = SharedCall(self._load)
+
+    def _batcher(self) -> Batcher:
+        if self._batch is None:
+            self._client = self._given or build_client(
+                self._url or "", connect_timeout=self._connect_timeout)
+            self._batch = make_batcher(self._client, self._where, timeout=self._timeout_s,
+                                       seeds=seed_names(self._url))
+            self._batch.start()
+        return self._batch
+
+    async def run(self, keys: tuple[str, ...], *args: float | int | str) -> Any:
+        """The script's reply for ``keys`` and ``args`` (a burst of calls ending at once settles
+        in a round trip or two, over one connection)."""
+        command = ("EVALSHA", self._sha, len(keys), *keys, *args)
+        return await evalsha(self._batcher(), command, self._load_script)
+
+    async def _load(self) -> None:
+        client = self._client
+        assert client is not None  # the batcher that found the script missing made it
+        async with redis_call(self._where, self._timeout_s):
+            await client.script_load(self._script)
+
+    async def close(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            await batch.stop()
+        client, self._client = self._client, None
+        if client is not None and self._given is None:
+            await client.aclose()
 
 
 class RedisRateLimiter(RateLimiter):
@@ -119,9 +187,8 @@ class RedisRateLimiter(RateLimiter):
                  lease_s: float = 300.0, connect_timeout: float = 5.0,
                  timeout_s: float = 5.0) -> None:
         super().__init__(name, limit, on_wait=on_wait)
-        self._url, self._given = url_or_given(url_or_client)
-        self._where = describe(self._url, self._given)
-        self._connect_timeout = connect_timeout
+        self._scripts = _Scripts(url_or_client, _SCRIPT, connect_timeout=connect_timeout,
+                                 timeout_s=timeout_s)
         self.timeout_s = timeout_s
         self._lease_ms = max(math.ceil(lease_s * 1000), 1)
         tag = f"{prefix}:{{ratelimit:{name}}}"
@@ -133,31 +200,10 @@ class RedisRateLimiter(RateLimiter):
             limit.capacity(limit.tokens_per_minute),
             limit.max_concurrent or 0,
         )
-        self._client: RedisClient | None = None
-        self._batch: Batcher | None = None
-        self._load_script = SharedCall(self._load)
-
-    def _batcher(self) -> Batcher:
-        if self._batch is None:
-            self._client = self._given or build_client(
-                self._url or "", connect_timeout=self._connect_timeout)
-            self._batch = make_batcher(self._client, self._where, timeout=self.timeout_s,
-                                       seeds=seed_names(self._url))
-            self._batch.start()
-        return self._batch
 
     async def _run(self, op: str, *args: float | int | str) -> float:
-        """One script call, pipelined with every other of this loop tick (a burst of calls
-        ending at once settles in a round trip or two, over one connection): milliseconds
-        worth waiting (0 when done) → seconds."""
-        command = ("EVALSHA", _SHA, len(self.keys), *self.keys, op, *self._config, *args)
-        return float(await evalsha(self._batcher(), command, self._load_script)) / 1000.0
-
-    async def _load(self) -> None:
-        client = self._client
-        assert client is not None  # the batcher that found the script missing made it
-        async with redis_call(self._where, self.timeout_s):
-            await client.script_load(_SCRIPT)
+        """One script call: milliseconds worth waiting (0 when done) → seconds."""
+        return float(await self._scripts.run(self.keys, op, *self._config, *args)) / 1000.0
 
     async def _try_acquire(self, permit: Permit, requests: int) -> float:
         return await self._run("acquire", permit.holder, self._lease_ms, requests, permit.tokens,
@@ -173,9 +219,33 @@ class RedisRateLimiter(RateLimiter):
         await self._run("penalize", max(seconds, 0.0) * 1000.0)
 
     async def close(self) -> None:
-        batch, self._batch = self._batch, None
-        if batch is not None:
-            await batch.stop()
-        client, self._client = self._client, None
-        if client is not None and self._given is None:
-            await client.aclose()
+        await self._scripts.close()
+
+
+class RedisSpendLimiter(SpendLimiter):
+    """A spend limit shared through Redis (a URL, or a client the caller keeps owning) by every
+    limiter with the same ``prefix`` and ``name``: use the Redis and prefix of the fleet's rate
+    limits. Each call is bounded by ``timeout_s``; Redis errors raise ``TransportError``."""
+
+    def __init__(self, url_or_client: str | RedisClient, name: str, limit: SpendLimit, *,
+                 prefix: str = "debatebus", connect_timeout: float = 5.0,
+                 timeout_s: float = 5.0) -> None:
+        super().__init__(name, limit)
+        self._scripts = _Scripts(url_or_client, _SPEND_SCRIPT, connect_timeout=connect_timeout,
+                                 timeout_s=timeout_s)
+        self.timeout_s = timeout_s
+        self.key = f"{prefix}:{{spend:{name}}}"
+        self._window_ms = limit.window_s * 1000.0
+
+    async def _run(self, op: str, amount: float = 0.0) -> Window:
+        spent, left_ms = await self._scripts.run((self.key,), op, self._window_ms, amount)
+        return Window(float(spent), float(left_ms) / 1000.0)
+
+    async def window(self) -> Window:
+        return await self._run("get")
+
+    async def _add(self, cost: float) -> None:
+        await self._run("add", cost)
+
+    async def close(self) -> None:
+        await self._scripts.close()

@@ -1,10 +1,11 @@
 """Structured output shared by the providers: ask for JSON, extract it, validate it, repair once.
 
 Providers differ in *how* they ask (a JSON-schema ``response_format``, a grammar, or plain
-instructions) but not in what happens afterwards, which lives here: the first JSON object in the
-answer is validated by the request's pydantic schema; if that fails the model gets its answer back
-with the validation error and one chance to fix it; if that fails too, an ``LLMResponseError``
-names the model and quotes the raw text. Tokens of every attempt are counted.
+instructions at the end of the prompt) but not in what happens afterwards, which lives here: the
+first JSON object in the answer is validated by the request's pydantic schema; if that fails the
+model gets its answer back with the validation error and one chance to fix it; if that fails too,
+an ``LLMResponseError`` names the model and quotes the raw text. Tokens of every attempt are
+counted.
 """
 
 from __future__ import annotations
@@ -67,9 +68,13 @@ def json_instructions(schema: type[BaseModel]) -> str:
 
 
 def with_json_instructions(request: LLMRequest, schema: type[BaseModel]) -> LLMRequest:
+    """``request`` asking for JSON: the instructions, with the schema, close its last message.
+    Not in the system prompt: the system prompt and the prompt's shared prefix stay those of the
+    debate's other calls, which a provider's prompt cache (and llama.cpp's) reuses."""
     instructions = json_instructions(schema)
-    system = f"{request.system}\n\n{instructions}" if request.system else instructions
-    return dataclasses.replace(request, system=system)
+    *head, last = request.messages or (Message("user", ""),)
+    content = f"{last.content}\n\n{instructions}" if last.content else instructions
+    return dataclasses.replace(request, messages=(*head, Message(last.role, content, last.breaks)))
 
 
 def extract_json_object(text: str) -> dict[str, Any] | None:

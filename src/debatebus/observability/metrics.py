@@ -118,8 +118,13 @@ class PrometheusObserver(Observer):
             "llm_calls", "LLM calls made by debates; outcome ok or error.",
             ("participant", "model", "purpose", "outcome"))
         self.llm_tokens = self._counter(
-            "llm_tokens", "Tokens spent on LLM calls; kind prompt or completion.",
-            ("participant", "model", "kind"))
+            "llm_tokens", "Tokens spent on LLM calls; kind prompt or completion, and of the "
+            "prompt tokens, cache_read (read from the provider's prompt cache) and cache_write "
+            "(written to it).", ("participant", "model", "kind"))
+        self.debate_cost = self._counter(
+            "debate_cost", "Money spent by debates that ran, in the currency of their prices: "
+            "their results' debateCost total (sub-debates included; only debates whose every "
+            "model was priced).", (*_BY_TYPE, "currency"))
         self.llm_call_duration = Histogram(
             "llm_call_duration_seconds", "Duration of one LLM call.", ("model", "purpose"),
             namespace=self._namespace, registry=self.registry, buckets=CALL_BUCKETS)
@@ -156,6 +161,10 @@ class PrometheusObserver(Observer):
         self.llm_tokens.labels(event.speaker, model, "prompt").inc(event.usage.prompt_tokens)
         self.llm_tokens.labels(event.speaker, model, "completion").inc(
             event.usage.completion_tokens)
+        self.llm_tokens.labels(event.speaker, model, "cache_read").inc(
+            event.usage.cache_read_tokens)
+        self.llm_tokens.labels(event.speaker, model, "cache_write").inc(
+            event.usage.cache_write_tokens)
         self.llm_call_duration.labels(model, purpose).observe(event.duration_ms / 1000.0)
 
     def request_finished(self, ctx: RequestContext, outcome: Outcome,
@@ -170,12 +179,15 @@ class PrometheusObserver(Observer):
                 self._observe_result(ctx.event_type, result.fields)
 
     def _observe_result(self, event_type: str, fields: dict[str, Any]) -> None:
-        """Φ̂ and agents from the published result, so both tell the same figures."""
+        """Φ̂, agents and cost from the published result, so both tell the same figures."""
         phi_hat, agents = fields.get("debatePhiHat"), fields.get("debateAgents")
         if isinstance(phi_hat, int | float):
             self.debate_phi_hat.labels(event_type).observe(phi_hat)
         if isinstance(agents, list):
             self.debate_agents.labels(event_type).observe(len(agents))
+        cost = fields.get("debateCost")
+        if isinstance(cost, dict) and isinstance(cost.get("total"), int | float):
+            self.debate_cost.labels(event_type, str(cost.get("currency", ""))).inc(cost["total"])
 
 
 #: The only path served; anything else is a 404.

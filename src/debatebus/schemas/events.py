@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
@@ -122,6 +123,8 @@ class DebateCompleted(_Event, tag="debate_completed", kw_only=True):
     output: str
     token_usage: TokenUsage = ZERO_USAGE
     duration_ms: float = 0.0
+    #: What the debate cost, its sub-debates included, when its prices priced every model used.
+    cost: DebateCost | None = None
 
 
 class DebateFailed(_Event, tag="debate_failed", kw_only=True):
@@ -131,6 +134,10 @@ class DebateFailed(_Event, tag="debate_failed", kw_only=True):
     duration_ms: float = 0.0
     #: The failure may pass (a provider error, a timeout): a resend or replay runs it again.
     retryable: bool = False
+    #: What stopped it when a budget limit (``max_calls``, ``max_total_tokens``, ``max_cost``) or
+    #: a fleet spend limit (``spend_limit``) did.
+    stop_reason: str | None = None
+    cost: DebateCost | None = None
 
 
 class _SubDebateEvent(_Event, kw_only=True):

@@ -31,7 +31,8 @@ _decode = msgspec.json.Decoder().decode
 
 
 def _zero_usage() -> dict[str, int]:
-    return {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0}
+    return {"promptTokens": 0, "completionTokens": 0, "totalTokens": 0, "cacheReadTokens": 0,
+            "cacheWriteTokens": 0}
 
 
 def _usage(value: Any) -> dict[str, int]:
@@ -63,6 +64,7 @@ class DebateRecord:
     phi_level: str | None = None
     verdict: dict[str, Any] | None = None
     error: str | None = None
+    cost: dict[str, Any] | None = None
     started_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
     events: list[Event] = field(default_factory=list)
@@ -87,6 +89,7 @@ class DebateRecord:
             "maxRounds": self.max_rounds, "status": self.status, "rounds": self.rounds,
             "turns": self.turns, "tokens": self.tokens, "phiHat": self.phi_hat,
             "phiLevel": self.phi_level, "verdict": self.verdict, "error": self.error,
+            "cost": self.cost,
             "startedAt": self.started_at, "updatedAt": self.updated_at,
             "events": len(self.events), "truncated": self.truncated,
         }
@@ -140,6 +143,8 @@ def _finished(record: DebateRecord, event: Event) -> None:
         record.rounds = event["rounds"]
     if "tokenUsage" in event:
         record.tokens = _usage(event["tokenUsage"])
+    if isinstance(event.get("cost"), dict):
+        record.cost = event["cost"]
     if event["type"] == "debate_failed":
         record.error = str(event.get("error", ""))
 
