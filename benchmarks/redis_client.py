@@ -285,7 +285,7 @@ async def run_tasks(client: Client, tasks: int, rounds: int) -> None:
 
 
 def check_entries(server: Any, tasks: int, rounds: int, name: str) -> None:
-    """Every XADD landed: the streams hold ``tasks × rounds`` entries (warm-up flushed before)."""
+    """Every XADD landed: the streams hold ``tasks × rounds`` entries (flushed before each run)."""
     with server.client() as sync:
         pipe = sync.pipeline(transaction=False)
         for task in range(tasks):
@@ -299,10 +299,12 @@ async def measure(clients: list[Client], server: Any, url: str, args: argparse.N
                   ) -> dict[str, Figures]:
     figures = {client.name: Figures() for client in clients}
     commands = 2 * args.tasks * args.rounds
-    for client in clients:
-        await client.open(url, server.port, args.tasks)
-        await run_tasks(client, args.tasks, 1)  # warm-up: connections opened, code paths hot
+    opened: list[Client] = []
     try:
+        for client in clients:
+            await client.open(url, server.port, args.tasks)
+            opened.append(client)
+            await run_tasks(client, args.tasks, 1)  # warm-up: connections opened, code paths hot
         for repeat in range(args.repeat):
             shift = repeat % len(clients)
             for client in clients[shift:] + clients[:shift]:
@@ -318,7 +320,7 @@ async def measure(clients: list[Client], server: Any, url: str, args: argparse.N
                 print(f"  run {repeat + 1}: {client.name:<28} {commands / elapsed:>9,.0f} commands/s"
                       f"  {1e6 * cpu / commands:6.1f} µs CPU/command", flush=True)
     finally:
-        for client in clients:
+        for client in opened:
             with contextlib.suppress(Exception):
                 await client.close()
     return figures
