@@ -58,7 +58,9 @@ def test_nested_serving_keeps_the_first_setting_until_the_last_ends() -> None:
         frozen = gc.get_freeze_count()
         with Collector(thresholds=(1000, 10, 10)).serving():
             assert gc.get_threshold() == DEFAULT_THRESHOLDS
-        assert gc.get_freeze_count() == frozen > 0, "the inner block unfroze the outer one"
+        # Still frozen (unfreezing empties it; frozen objects that die meanwhile leave it).
+        assert frozen > 0 and gc.get_freeze_count() > frozen // 2, \
+            "the inner block unfroze the outer one"
         assert gc.get_threshold() == DEFAULT_THRESHOLDS
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
