@@ -102,14 +102,18 @@ async def _phase(
         )
 
     async def turn(p: Participant) -> Turn:
+        played = run.played(p.name, number)  # committed alone before a resume
+        if played is not None:
+            return played
         said = await speak(run, p, phase, number, prompt_of(p, children.offer if children else ""))
-        if children is None:
-            return said
+        if children is not None:
 
-        async def reissue(feedback: str) -> Turn:
-            return await speak(run, p, phase, number, prompt_of(p, "") + feedback)
+            async def reissue(feedback: str) -> Turn:
+                return await speak(run, p, phase, number, prompt_of(p, "") + feedback)
 
-        return await children.answer(p, said, reissue)
+            said = await children.answer(p, said, reissue)
+        await run.commit_turn(said)
+        return said
 
     try:
         async with asyncio.TaskGroup() as group:

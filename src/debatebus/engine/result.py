@@ -12,6 +12,7 @@ from debatebus.engine.transcript import Round, Transcript, Turn
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
+    from debatebus.engine.people import HumanTurnRecord
     from debatebus.engine.subdebates import SubDebateRecord
 
 __all__ = ["DebateResult", "DebateState", "Progress"]
@@ -86,7 +87,9 @@ class Progress:
 
     Rounds are only ever appended; ``usage``/``calls`` include every call made, committed or not,
     so budgets and accounting survive a resume. ``sub_debates`` are its children, recorded when
-    started (so a resumed run reuses their ids) and updated when they end.
+    started (so a resumed run reuses their ids) and updated when they end. In a debate with
+    people, ``turns`` are the turns of rounds not yet committed, each committed as it ended, and
+    ``people`` the persons' turns asked for (so a resumed run waits for the same ones).
     """
 
     framing: Turn | None = None
@@ -94,3 +97,5 @@ class Progress:
     usage: TokenUsage = ZERO_USAGE
     calls: int = 0
     sub_debates: list[SubDebateRecord] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    people: list[HumanTurnRecord] = field(default_factory=list)

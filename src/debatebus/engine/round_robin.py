@@ -35,8 +35,12 @@ async def run_round_robin(run: Run) -> Outcome:
         usage_before = await start_round(run, number, phase)
         turns: list[Turn] = []
         for participant in run.spec.participants:
-            turns.append(await speak(run, participant, phase, number, run.prompt(
-                phase, participant.name, number, _window_text(run, number, turns))))
+            turn = run.played(participant.name, number)  # committed alone before a resume
+            if turn is None:
+                turn = await speak(run, participant, phase, number, run.prompt(
+                    phase, participant.name, number, _window_text(run, number, turns)))
+                await run.commit_turn(turn)
+            turns.append(turn)
         require_a_survivor(turns, number, phase)
         await finish_round(run, Round(number=number, turns=turns, phase=phase), usage_before,
                            judged=True)

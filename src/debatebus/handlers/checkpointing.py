@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from debatebus.checkpoints.base import Counters, StoredCheckpoint
 from debatebus.engine.definition import DebateSpec
+from debatebus.engine.people import HumanTurnRecord, PlayedTurn
 from debatebus.engine.result import Progress
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
@@ -135,6 +136,22 @@ class ChildEntry(msgspec.Struct, tag="child"):
     child: SubDebateRecord
 
 
+class TurnEntry(msgspec.Struct, tag="turn"):
+    """A turn of a round not yet committed (debates with people), committed as it ended."""
+
+    turn: Turn
+
+
+class PersonEntry(msgspec.Struct, tag="person"):
+    """A person's turn asked for: committed before its request is published."""
+
+    person: HumanTurnRecord
+
+
+#: What a checkpoint's entries hold, as the engine commits them.
+Item = Turn | Round | SubDebateRecord | PlayedTurn | HumanTurnRecord
+
+
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
@@ -143,7 +160,8 @@ def _enc_hook(obj: Any) -> Any:
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
 _HEADER_DECODER = msgspec.json.Decoder(CheckpointHeader)
-_ENTRY_DECODER = msgspec.json.Decoder(FramingEntry | RoundEntry | ChildEntry)
+_ENTRY_DECODER = msgspec.json.Decoder(
+    FramingEntry | RoundEntry | ChildEntry | TurnEntry | PersonEntry)
 _RESULT_DECODER = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -155,10 +173,18 @@ def decode_header(data: bytes) -> CheckpointHeader:
     return _HEADER_DECODER.decode(data)
 
 
-def encode_entry(item: Turn | Round | SubDebateRecord) -> bytes:
+def encode_entry(item: Item) -> bytes:
+    """One checkpoint entry, tagged by what it holds (the wire's edge: one dispatch here)."""
+    entry: FramingEntry | RoundEntry | ChildEntry | TurnEntry | PersonEntry
     if isinstance(item, SubDebateRecord):
-        return _ENCODER.encode(ChildEntry(item))
-    return _ENCODER.encode(FramingEntry(item) if isinstance(item, Turn) else RoundEntry(item))
+        entry = ChildEntry(item)
+    elif isinstance(item, PlayedTurn):
+        entry = TurnEntry(item.turn)
+    elif isinstance(item, HumanTurnRecord):
+        entry = PersonEntry(item)
+    else:
+        entry = FramingEntry(item) if isinstance(item, Turn) else RoundEntry(item)
+    return _ENCODER.encode(entry)
 
 
 class StoredResult(NamedTuple):
@@ -176,12 +202,13 @@ def decode_result(data: bytes) -> StoredResult:
     return StoredResult(fields, fingerprint if isinstance(fingerprint, str) else None)
 
 
-def committed_items(progress: Progress) -> list[Turn | Round | SubDebateRecord]:
+def committed_items(progress: Progress) -> list[Item]:
     """Everything ``progress`` holds, as checkpoint entries: the framing, the rounds, the
-    children's records (``restore_progress`` reads them back in any order)."""
-    framing: list[Turn | Round | SubDebateRecord] = [] if progress.framing is None else [
-        progress.framing]
-    return [*framing, *progress.sub_debates, *progress.rounds]
+    children's and persons' records, the turns of rounds not yet committed
+    (``restore_progress`` reads them back in any order)."""
+    framing: list[Item] = [] if progress.framing is None else [progress.framing]
+    return [*framing, *progress.sub_debates, *progress.people, *progress.rounds,
+            *(PlayedTurn(turn=t) for t in progress.turns)]
 
 
 def counters_of(progress: Progress) -> Counters:
@@ -189,29 +216,41 @@ def counters_of(progress: Progress) -> Counters:
     return Counters(u.prompt_tokens, u.completion_tokens, u.total_tokens, progress.calls)
 
 
+def _restore_round(progress: Progress, rnd: Round, spec: DebateSpec) -> None:
+    if progress.rounds and rnd.number <= progress.rounds[-1].number:
+        return
+    if spec.judge is not None and isinstance(rnd.verdict, dict):
+        rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
+    progress.rounds.append(rnd)
+
+
 def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
-    """Committed framing, rounds and sub-debate records, with verdicts re-validated by the
-    judge's schema.
+    """Committed framing, rounds, sub-debate and person records, and the turns of the round in
+    progress committed alone (debates with people), with verdicts re-validated by the judge's
+    schema.
 
     Round numbers only grow, so an entry that repeats a round is skipped: an append retried after
     its reply was lost (by a store's client library, or a custom store) may be stored twice."""
     progress = Progress()
     children: dict[str, SubDebateRecord] = {}  # in start order; a later record replaces
+    people: dict[str, HumanTurnRecord] = {}
+    played: dict[tuple[str, int], Turn] = {}
     for raw in stored.entries:
         entry = _ENTRY_DECODER.decode(raw)
         if isinstance(entry, FramingEntry):
             progress.framing = progress.framing or entry.turn
-            continue
-        if isinstance(entry, ChildEntry):
+        elif isinstance(entry, ChildEntry):
             children[entry.child.child_id] = entry.child
-            continue
-        rnd = entry.round
-        if progress.rounds and rnd.number <= progress.rounds[-1].number:
-            continue
-        if spec.judge is not None and isinstance(rnd.verdict, dict):
-            rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
-        progress.rounds.append(rnd)
+        elif isinstance(entry, PersonEntry):
+            people[entry.person.key] = entry.person
+        elif isinstance(entry, TurnEntry):
+            played.setdefault((entry.turn.speaker, entry.turn.round), entry.turn)
+        else:
+            _restore_round(progress, entry.round, spec)
     progress.sub_debates = list(children.values())
+    progress.people = list(people.values())
+    committed = {r.number for r in progress.rounds}
+    progress.turns = [t for t in played.values() if t.round not in committed]
     c = stored.counters
     progress.usage = TokenUsage(c.prompt_tokens, c.completion_tokens, c.total_tokens)
     progress.calls = c.calls

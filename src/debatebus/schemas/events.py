@@ -34,6 +34,7 @@ __all__ = [
     "SynthesisCompleted",
     "TurnCompleted",
     "TurnFailed",
+    "TurnRequested",
     "VerdictReached",
 ]
 
@@ -90,6 +91,20 @@ class TurnFailed(_CallEvent, tag="turn_failed", kw_only=True):
     text: str
     error: str
     usage: TokenUsage = ZERO_USAGE
+
+
+class TurnRequested(_Event, tag="turn_requested", kw_only=True):
+    """A person's turn was asked for (docs/people.md): its request is on ``event_type`` under
+    ``turn_key`` (its ``requestId``) with ``message_id`` (its ``messageId``, which a reply names
+    as its ``causationId``), answerable until ``deadline`` (ISO 8601, UTC)."""
+
+    speaker: str
+    round: int
+    turn_key: str
+    event_type: str
+    message_id: str
+    deadline: str
+    prompt: str
 
 
 class VerdictReached(_CallEvent, tag="verdict", kw_only=True):
@@ -174,6 +189,7 @@ DebateEvent = (
     | RoundStarted
     | TurnCompleted
     | TurnFailed
+    | TurnRequested
     | VerdictReached
     | RoundCompleted
     | PhiUpdate
@@ -192,6 +208,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     RoundStarted,
     TurnCompleted,
     TurnFailed,
+    TurnRequested,
     VerdictReached,
     RoundCompleted,
     PhiUpdate,
