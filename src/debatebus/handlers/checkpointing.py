@@ -8,12 +8,13 @@ before fingerprints existed, was kept under a key this version never reads: ``de
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from debatebus.checkpoints.base import Counters, StoredCheckpoint
 from debatebus.engine.definition import DebateSpec
@@ -27,6 +28,8 @@ from debatebus.schemas.usage import TokenUsage
 __all__ = [
     "Ask",
     "CheckpointHeader",
+    "ForkBasis",
+    "ForkPoint",
     "StoredResult",
     "committed_items",
     "counters_of",
@@ -36,25 +39,38 @@ __all__ = [
     "encode_entry",
     "encode_header",
     "encode_result",
+    "judged",
     "request_fingerprint",
     "restore_progress",
     "reused_id",
 ]
 
-# A key no result field uses: the fingerprint rides in the stored result's JSON object.
+# Keys no result field uses: the fingerprint, and what a fork needs of a finished debate, ride in
+# the stored result's JSON object.
 _FINGERPRINT_KEY = "debatebusFingerprint"
+_BASIS_KEY = "debatebusForkBasis"
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPoint:
+    """Where a fork starts: the first ``from_round`` committed rounds of debate ``parent_id``."""
+
+    parent_id: str
+    from_round: int
 
 
 def request_fingerprint(question: str, max_rounds: int | None, preset: str | None = None,
-                        depth: int = 0) -> str:
+                        depth: int = 0, fork: ForkPoint | None = None) -> str:
     """What a request asks, hashed: everything a producer can set that changes the debate. The
-    preset counts only when named, and the sub-debate depth only above 0, so requests without
-    them keep their earlier fingerprints."""
+    preset counts only when named, the sub-debate depth only above 0 and the fork point only for
+    a fork, so requests without them keep their earlier fingerprints."""
     asked: dict[str, Any] = {"v": 1, "input": question, "maxRounds": max_rounds}
     if preset is not None:
         asked["preset"] = preset
     if depth:
         asked["depth"] = depth
+    if fork is not None:
+        asked["fork"] = [fork.parent_id, fork.from_round]
     return hashlib.sha256(_ENCODER.encode(asked)).hexdigest()[:32]
 
 
@@ -70,8 +86,8 @@ def debate_key(namespace: str, debate_id: str) -> str:
 class Ask:
     """One request's question: its input, round cap, debate id, which field named the id, the
     preset it asked for (None: the handler's own debate), its sub-debate depth (0: a top-level
-    debate), and its ``namespace``: the event type it was asked on, or the debate's name when
-    called directly (see ``debate_key``)."""
+    debate), its ``namespace``: the event type it was asked on, or the debate's name when
+    called directly (see ``debate_key``), and, for a fork, where it forked from."""
 
     question: str
     max_rounds: int | None
@@ -82,14 +98,15 @@ class Ask:
     namespace: str
     preset: str | None = None
     depth: int = 0
+    fork: ForkPoint | None = None
 
     @classmethod
     def of(cls, question: str, max_rounds: int | None, debate_id: str, id_field: str,
            request_id: str | None, namespace: str, preset: str | None = None,
-           depth: int = 0) -> Ask:
+           depth: int = 0, fork: ForkPoint | None = None) -> Ask:
         return cls(question, max_rounds, debate_id, id_field, request_id,
-                   request_fingerprint(question, max_rounds, preset, depth), namespace, preset,
-                   depth)
+                   request_fingerprint(question, max_rounds, preset, depth, fork), namespace,
+                   preset, depth, fork)
 
     @property
     def key(self) -> str:
@@ -187,19 +204,33 @@ def encode_entry(item: Item) -> bytes:
     return _ENCODER.encode(entry)
 
 
+class ForkBasis(msgspec.Struct, kw_only=True):
+    """What a fork of a finished debate needs besides its result's transcript: the question and
+    the framing (stored with the result, not published)."""
+
+    question: str
+    framing: Turn | None = None
+
+
 class StoredResult(NamedTuple):
     fields: dict[str, Any]
     fingerprint: str | None  # None in results stored before fingerprints
+    basis: ForkBasis | None = None  # None in results stored before forks
 
 
-def encode_result(fields: dict[str, Any], fingerprint: str) -> bytes:
-    return _ENCODER.encode({**fields, _FINGERPRINT_KEY: fingerprint})
+def encode_result(fields: dict[str, Any], fingerprint: str,
+                  basis: ForkBasis | None = None) -> bytes:
+    extra = {} if basis is None else {_BASIS_KEY: basis}
+    return _ENCODER.encode({**fields, _FINGERPRINT_KEY: fingerprint, **extra})
 
 
 def decode_result(data: bytes) -> StoredResult:
     fields = _RESULT_DECODER.decode(data)
     fingerprint = fields.pop(_FINGERPRINT_KEY, None)
-    return StoredResult(fields, fingerprint if isinstance(fingerprint, str) else None)
+    basis: ForkBasis | None = None
+    with contextlib.suppress(msgspec.ValidationError):
+        basis = msgspec.convert(fields.pop(_BASIS_KEY, None), ForkBasis | None)
+    return StoredResult(fields, fingerprint if isinstance(fingerprint, str) else None, basis)
 
 
 def committed_items(progress: Progress) -> list[Item]:
@@ -216,18 +247,29 @@ def counters_of(progress: Progress) -> Counters:
     return Counters(u.prompt_tokens, u.completion_tokens, u.total_tokens, progress.calls)
 
 
-def _restore_round(progress: Progress, rnd: Round, spec: DebateSpec) -> None:
+def judged(rnd: Round, spec: DebateSpec, *, lenient: bool = False) -> Round:
+    """``rnd`` with its stored verdict (JSON) validated by ``spec``'s judge schema again.
+    ``lenient`` (a fork with another judge): a verdict that schema refuses is kept as JSON."""
+    if spec.judge is not None and isinstance(rnd.verdict, dict):
+        try:
+            rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
+        except ValidationError:
+            if not lenient:
+                raise
+    return rnd
+
+
+def _restore_round(progress: Progress, rnd: Round, spec: DebateSpec, lenient: bool) -> None:
     if progress.rounds and rnd.number <= progress.rounds[-1].number:
         return
-    if spec.judge is not None and isinstance(rnd.verdict, dict):
-        rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
-    progress.rounds.append(rnd)
+    progress.rounds.append(judged(rnd, spec, lenient=lenient))
 
 
-def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
+def restore_progress(stored: StoredCheckpoint, spec: DebateSpec, *,
+                     lenient: bool = False) -> Progress:
     """Committed framing, rounds, sub-debate and person records, and the turns of the round in
     progress committed alone (debates with people), with verdicts re-validated by the judge's
-    schema.
+    schema (``lenient``: see ``judged``).
 
     Round numbers only grow, so an entry that repeats a round is skipped: an append retried after
     its reply was lost (by a store's client library, or a custom store) may be stored twice."""
@@ -246,7 +288,7 @@ def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
         elif isinstance(entry, TurnEntry):
             played.setdefault((entry.turn.speaker, entry.turn.round), entry.turn)
         else:
-            _restore_round(progress, entry.round, spec)
+            _restore_round(progress, entry.round, spec, lenient)
     progress.sub_debates = list(children.values())
     progress.people = list(people.values())
     committed = {r.number for r in progress.rounds}

@@ -54,6 +54,7 @@ from debatebus.exceptions import CheckpointMissingError, LeaseLostError, Transpo
 from debatebus.handlers.checkpointing import (
     Ask,
     CheckpointHeader,
+    ForkBasis,
     Item,
     committed_items,
     counters_of,
@@ -68,7 +69,7 @@ from debatebus.handlers.checkpointing import (
 from debatebus.handlers.children import BusChildren
 from debatebus.handlers.leases import LeaseKeeper
 from debatebus.handlers.people import BusPeople
-from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, result_fields
+from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, fork_fields, result_fields
 from debatebus.loops import PerLoop
 from debatebus.schemas.envelope import now_iso
 
@@ -146,11 +147,13 @@ class DurableRunner:
     async def run(self, ask: Ask, on_event: OnEvent | None,
                   children: BusChildren | None = None,
                   event_types: EventTypes = None,
-                  people: BusPeople | None = None) -> dict[str, Any]:
+                  people: BusPeople | None = None,
+                  seed: Progress | None = None) -> dict[str, Any]:
         """The debate's result fields: stored, or from a run (resumed from its checkpoint).
         ``children`` (on a bus) publishes its sub-debates, and ``people`` its persons' turn
         requests, committing each before publishing; ``event_types``: the kinds of event
-        ``on_event`` takes (None: all)."""
+        ``on_event`` takes (None: all). ``seed``: what a fork starts from (its parent's first
+        rounds), committed as the debate's first entries when it has none yet."""
         key, owner = ask.key, self.run_owner()
         header = self._header(ask)
         encoded = encode_header(header)
@@ -166,6 +169,8 @@ class DurableRunner:
             del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
                 return failure_fields(ask.debate_id, progress)
+            if progress is None and seed is not None:
+                progress = await self._seed(key, seed)
             commits = _Commits(self, ask, progress)
             try:
                 ran = await self._run_leased(ask, owner, on_event, event_types, commits, children,
@@ -176,13 +181,11 @@ class DurableRunner:
             if ran.retryable:  # a failure that may pass: published, never stored as the answer
                 self._finishing.get().release()
                 await commits.close(superseded=False)  # a resend resumes from what it committed
-                return result_fields(ran)
+                return self._fields(ran, ask)
             try:  # with one of the runner's finishing slots, which _run_leased took
                 await commits.close(superseded=True)
-                fields = result_fields(ran)
-                if expired:
-                    fields[RESULT_EXPIRED] = True
-                result = encode_result(fields, ask.fingerprint)
+                fields = self._fields(ran, ask, expired=expired)
+                result = encode_result(fields, ask.fingerprint, self._basis(ask, ran))
                 await self._patient(lambda: self.store.finish(key, owner, result,
                                                               **self._retention))
             finally:
@@ -192,6 +195,31 @@ class DurableRunner:
         finally:
             if not finished:
                 await self._release(key, owner)
+
+    def _fields(self, ran: DebateResult, ask: Ask, *, expired: bool = False) -> dict[str, Any]:
+        """A run's result fields, marked when its stored result had expired or it is a fork."""
+        fields = result_fields(ran)
+        if expired:
+            fields[RESULT_EXPIRED] = True
+        if ask.fork is not None:
+            fields.update(fork_fields(ask.fork.parent_id, ask.fork.from_round))
+        return fields
+
+    def _basis(self, ask: Ask, ran: DebateResult) -> ForkBasis:
+        """What a fork of this finished debate will need besides its transcript."""
+        moderator = self.debate.spec.moderator
+        framing = None if ran.framing is None or moderator is None else Turn(
+            speaker=moderator.name, round=0, text=ran.framing)
+        return ForkBasis(question=ask.question, framing=framing)
+
+    async def _seed(self, key: str, seed: Progress) -> Progress:
+        """Commit a fork's starting point (its parent's framing and first rounds) as the first
+        entries of its checkpoint; the progress it resumes from. Its counters start at zero:
+        the fork pays only for what comes after."""
+        entries = [encode_entry(item) for item in committed_items(seed)]
+        if entries:
+            await self.append(key, entries, counters_of(seed))
+        return seed
 
     async def _open(self, key: str, owner: str, encoded: bytes) -> Opening:
         """Wait while another run (here or on another worker) holds the debate: never start a
