@@ -130,7 +130,7 @@ def _record(run: Run, person: HumanParticipant, number: int) -> HumanTurnRecord:
     record = HumanTurnRecord(key=key, speaker=person.name, round=number,
                              deadline_at=time.time() + person.deadline_s,
                              message_id=new_message_id())
-    records.append(record)
+    run.progress.people = (*records, record)
     return record
 
 

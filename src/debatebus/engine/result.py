@@ -97,5 +97,6 @@ class Progress:
     usage: TokenUsage = ZERO_USAGE
     calls: int = 0
     sub_debates: list[SubDebateRecord] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    people: list[HumanTurnRecord] = field(default_factory=list)
+    # Tuples, replaced when they grow: a debate without people allocates nothing for them.
+    turns: tuple[Turn, ...] = ()
+    people: tuple[HumanTurnRecord, ...] = ()

@@ -32,6 +32,8 @@ OnEvent = Callable[[ev.DebateEvent], Awaitable[None] | None]
 #: The kinds of event an ``OnEvent`` takes: the run builds no other. None: every kind.
 EventTypes = frozenset[type[ev.DebateEvent]] | None
 _NO_PEOPLE = NoPeople()
+#: The ``asked`` of every run without people: never written to (only people are asked).
+_NO_ASKS: dict[tuple[str, int], int] = {}
 #: Commits the framing (a ``Turn``), a round, or (debates with people) a turn as it ends.
 OnCommit = Callable[[Progress, Turn | Round | PlayedTurn], Awaitable[None]]
 
@@ -70,13 +72,13 @@ class Run:
         self.on_commit = on_commit
         self.progress = (
             Progress(resume.framing, list(resume.rounds), resume.usage, resume.calls,
-                     list(resume.sub_debates), list(resume.turns), list(resume.people))
+                     list(resume.sub_debates), resume.turns, resume.people)
             if resume
             else Progress()
         )
         #: Who answers for the debate's people, and how many times each was asked per round.
         self.people = people or _NO_PEOPLE
-        self.asked: dict[tuple[str, int], int] = {}
+        self.asked: dict[tuple[str, int], int] = {} if spec.people else _NO_ASKS
         self.resumed_from = len(self.progress.rounds)
         self.max_rounds = min(spec.max_rounds, max_rounds) if max_rounds else spec.max_rounds
         self.seq = 0
@@ -202,7 +204,7 @@ class Run:
         progress = self.progress
         progress.rounds.append(rnd)
         if progress.turns:  # the round's turns committed one by one are in it now
-            progress.turns = [t for t in progress.turns if t.round != rnd.number]
+            progress.turns = tuple(t for t in progress.turns if t.round != rnd.number)
         if self.on_commit is not None:
             await self.on_commit(progress, rnd)
 
@@ -219,7 +221,7 @@ class Run:
         resumed while a person types calls no model of that round again. Elsewhere, nothing."""
         if not self.spec.people:
             return
-        self.progress.turns.append(turn)
+        self.progress.turns = (*self.progress.turns, turn)
         if self.on_commit is not None:
             await self.on_commit(self.progress, PlayedTurn(turn=turn))
 

@@ -290,9 +290,9 @@ def restore_progress(stored: StoredCheckpoint, spec: DebateSpec, *,
         else:
             _restore_round(progress, entry.round, spec, lenient)
     progress.sub_debates = list(children.values())
-    progress.people = list(people.values())
+    progress.people = tuple(people.values())
     committed = {r.number for r in progress.rounds}
-    progress.turns = [t for t in played.values() if t.round not in committed]
+    progress.turns = tuple(t for t in played.values() if t.round not in committed)
     c = stored.counters
     progress.usage = TokenUsage(c.prompt_tokens, c.completion_tokens, c.total_tokens)
     progress.calls = c.calls
