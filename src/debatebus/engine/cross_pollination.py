@@ -102,7 +102,7 @@ async def _phase(
         )
 
     async def turn(p: Participant) -> Turn:
-        played = run.played(p.name, number)  # committed alone before a resume
+        played = run.played(p.name, number) if run.progress.turns else None  # resumed
         if played is not None:
             return played
         said = await speak(run, p, phase, number, prompt_of(p, children.offer if children else ""))
@@ -112,7 +112,8 @@ async def _phase(
                 return await speak(run, p, phase, number, prompt_of(p, "") + feedback)
 
             said = await children.answer(p, said, reissue)
-        await run.commit_turn(said)
+        if run.spec.people:
+            await run.commit_turn(said)
         return said
 
     try:

@@ -211,16 +211,13 @@ class Run:
     def played(self, speaker: str, number: int) -> Turn | None:
         """``speaker``'s turn in round ``number`` when it was committed alone before a resume
         (debates with people), else None: play it."""
-        turns = self.progress.turns
-        if not turns:
-            return None
-        return next((t for t in turns if t.speaker == speaker and t.round == number), None)
+        return next((t for t in self.progress.turns
+                     if t.speaker == speaker and t.round == number), None)
 
     async def commit_turn(self, turn: Turn) -> None:
-        """In a debate with people, checkpoint ``turn`` as it ends, before its round does: a run
-        resumed while a person types calls no model of that round again. Elsewhere, nothing."""
-        if not self.spec.people:
-            return
+        """Checkpoint ``turn`` as it ends, before its round does (debates with people only: the
+        protocols ask): a run resumed while a person types calls no model of that round
+        again."""
         self.progress.turns = (*self.progress.turns, turn)
         if self.on_commit is not None:
             await self.on_commit(self.progress, PlayedTurn(turn=turn))

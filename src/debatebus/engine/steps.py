@@ -106,9 +106,9 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: s
     empty answer, which is kept as is) is asked for once more: a small model that continued the
     transcript usually answers as itself the second time. A person's turn is asked of them
     (``people.hear``)."""
-    person = run.spec.people.get(who.name)
-    if person is not None:
-        return await hear(run, person, purpose, number, prompt)
+    people = run.spec.people
+    if people and who.name in people:
+        return await hear(run, people[who.name], purpose, number, prompt)
     llm = run.spec.llm_for(who)
     started = time.perf_counter()
     spent = ZERO_USAGE
