@@ -15,10 +15,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from tests.bus.conftest import memory_app, running
 
 from debatebus import Debate, FunctionLLM, LLMRequest, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.client import Answers
+from debatebus.client import Answers, BusClient
 from debatebus.engine import HumanParticipant
 from debatebus.handlers.checkpointing import debate_key
 from debatebus.handlers.contract import HandlerContext, HandlerResult
@@ -237,3 +238,21 @@ async def test_a_missed_deadline_fails_a_strict_debate_for_good(setups: list[Set
     assert "person 'alice' failed in round 1" in result.fields["debateError"]
     assert result.fields["debateRetryable"] is False
     assert ("critic", 1) not in setup.calls
+
+
+async def test_a_worker_at_concurrency_1_serves_the_person_its_debate_waits_for():
+    """The wait lends the worker's only slot: the agent answering the turn runs on that worker."""
+    setup = Setup()
+    app = memory_app(concurrency=1, publish_events=False)
+
+    async def alice(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"text": f"alice in round {payload['round']}"}
+
+    app.subscribe(setup.debate_type, setup.debate().as_handler())
+    app.subscribe(setup.alice_type, alice)
+    async with running(app), BusClient(MemoryTransport(app.transport.broker)) as client:
+        result = await client.request(setup.debate_type, {"input": QUESTION}, timeout=10)
+    assert result.payload["debateStatus"] == "completed"
+    texts = [t["text"] for r in result.payload["debateTranscript"] for t in r["turns"]]
+    assert texts == ["optimist in round 1", "alice in round 1", "critic in round 1",
+                     "optimist in round 2", "alice in round 2", "critic in round 2"]
