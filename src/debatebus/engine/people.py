@@ -20,7 +20,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -46,9 +46,6 @@ __all__ = [
     "turn_key",
 ]
 
-TurnStatus = Literal["waiting", "answered", "missed"]
-
-
 class HumanTurnRecord(msgspec.Struct, kw_only=True):
     """A person's turn that was asked for: kept in the run's progress and checkpoint (committed
     before its request is published), so a resumed run waits for this same turn. ``deadline_at``
@@ -60,7 +57,6 @@ class HumanTurnRecord(msgspec.Struct, kw_only=True):
     round: int
     deadline_at: float
     message_id: str
-    status: TurnStatus = "waiting"
 
 
 class PlayedTurn(msgspec.Struct, kw_only=True):
@@ -159,15 +155,12 @@ async def hear(run: Run, person: HumanParticipant, purpose: str, number: int,
         async with asyncio.timeout(remaining):
             text = await run.people(request)
     except TimeoutError:
-        record.status = "missed"
         error = f"{person.name} did not answer within the deadline of {person.deadline_s:g} s"
     except TransportError:
         raise  # the broker failed, not the person
     except Exception as exc:
-        record.status = "missed"
         error = f"{type(exc).__name__}: {exc}"
     else:
-        record.status = "answered"
         await run.emit(ev.TurnCompleted, speaker=person.name, round=number, text=text,
                        model=person.model, duration_ms=(time.perf_counter() - started) * 1000.0)
         return Turn(speaker=person.name, round=number, text=text)
