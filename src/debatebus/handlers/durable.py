@@ -368,7 +368,7 @@ class _Commits:
         # Each child's last committed status (a resumed run's, from its checkpoint).
         self.committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
         # The persons' turns asked for and committed (a resumed run's, from its checkpoint).
-        self.asked = {r.key for r in progress.people} if progress else set()
+        self.asked = tuple(r.key for r in progress.people) if progress else ()
         self.pending: list[Item] = []
         self.counters = Counters()  # the progress's counters as of the newest pending entry
         self.state = progress  # the run's progress as of the newest commit
@@ -402,7 +402,7 @@ class _Commits:
         published; False when an earlier run committed (and so published) it."""
         if record.key in self.asked:
             return False
-        self.asked.add(record.key)
+        self.asked = (*self.asked, record.key)
         self.pending.append(record)
         await self._queued(state)
         await self._settled()
