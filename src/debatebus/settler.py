@@ -96,7 +96,8 @@ class Settler:
     publish_events: bool
     events_topic: str
     release: Callable[[Delivery], None]
-    #: Where sub-debates wait for their children's results (the worker's, on ``transport``).
+    #: Where sub-debates wait for their children's results and persons' turns for their replies
+    #: (the worker's, on ``transport``).
     answers: Answers | None = None
 
     async def process(self, delivery: Delivery) -> None:

@@ -132,7 +132,7 @@ class DebateBus:
         self._run_done: asyncio.Event | None = None
         self._link = BrokerLink(self._where)
         self._inflight: dict[asyncio.Task[None], Delivery] = {}
-        self._answers = Answers(self.transport)  # sub-debates' children's results
+        self._answers = Answers(self.transport)  # children's results, persons' replies
         self._connected = False
         self._stores_attached = False
 

@@ -17,6 +17,9 @@ Sub-debates: ``DBB_PROTOCOL`` (e.g. ``cross-pollination``); ``DBB_SUB_DEBATES=<d
 type>`` gives the debate that domain on the bus (``DBB_SUB_DEADLINE`` seconds, default 60), and
 the optimist then asks for it in round 1b and, re-asked, quotes the panel's conclusion;
 ``DBB_SYNTHESIS`` is the text every synthesis call answers (a child worker's panel conclusion).
+
+People: ``DBB_PERSON=<name>=<event type>`` seats a ``HumanParticipant`` between the optimist and
+the critic (``DBB_PERSON_DEADLINE`` seconds, default 60).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 from typing import Any
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus.engine import HumanParticipant
 from debatebus.engine.subdebates import SubDebates
 from debatebus.worker import DebateBus
 
@@ -87,7 +91,7 @@ def _llm() -> Any:
 def build_debate() -> Debate:
     return Debate(
         "process-debate",
-        [Participant("optimist", "For."), Participant("critic", "Against.")],
+        [Participant("optimist", "For."), *_person(), Participant("critic", "Against.")],
         llm=_llm(),
         moderator=Participant("moderator", "Moderate."),
         judge=Judge() if os.environ.get("DBB_JUDGE", "1") == "1" else None,
@@ -95,6 +99,15 @@ def build_debate() -> Debate:
         protocol=os.environ.get("DBB_PROTOCOL", "round-robin"),
         sub_debates=_sub_debates(),
     )
+
+
+def _person() -> list[Participant]:
+    spec = os.environ.get("DBB_PERSON")
+    if not spec:
+        return []
+    name, event_type = spec.split("=", 1)
+    return [HumanParticipant(name, event_type=event_type,
+                             deadline_s=float(os.environ.get("DBB_PERSON_DEADLINE", "60")))]
 
 
 def _sub_debates() -> SubDebates | None:

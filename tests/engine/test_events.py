@@ -8,6 +8,7 @@ import json
 import msgspec
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant, Verdict
+from debatebus.engine import HumanParticipant
 from debatebus.engine.subdebates import SubDebates
 from debatebus.schemas import events as ev
 from debatebus.schemas.events import EVENT_DECODER
@@ -198,6 +199,10 @@ async def _all_kinds_of_events(make_stage, log) -> None:
     parent = Debate("style", people(), llm=marked.llm, protocol="cross-pollination",
                     sub_debates=config)
     await parent.run(TOPIC, debate_id="c", on_event=log)
+    # A person, with no one to reach them outside a bus: their turn is requested, then fails.
+    with_person = Debate("style", [*people(), HumanParticipant("dana", event_type="debate:dana")],
+                         llm=stage.llm, max_rounds=1)
+    await with_person.run(TOPIC, debate_id="d", on_event=log)
 
 
 async def test_every_event_round_trips_through_the_wire_decoder(make_stage, events):

@@ -1,4 +1,4 @@
-"""``debatebus`` command line: worker, publish, tail, run, demo (and ops commands)."""
+"""``debatebus`` command line: worker, publish, tail, run, demo, fork (and ops commands)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "debatebus.cli.bus_cmds",
     "debatebus.cli.run_cmd",
     "debatebus.cli.ops_cmds",
+    "debatebus.cli.fork_cmd",
     "debatebus.cli.observe_cmds",
     "debatebus.cli.web_cmds",
 )

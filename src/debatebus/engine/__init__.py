@@ -1,7 +1,14 @@
 """The pure debate engine: definitions, protocols, transcript, judge and Φ̂. No I/O here."""
 
 from debatebus.engine.debate import Debate
-from debatebus.engine.definition import Budget, Judge, Participant, Utility, Verdict
+from debatebus.engine.definition import (
+    Budget,
+    HumanParticipant,
+    Judge,
+    Participant,
+    Utility,
+    Verdict,
+)
 from debatebus.engine.phi import compute_phi_hat, interpret_phi_hat, tokenize
 from debatebus.engine.prompts import PROTOCOL_VERSION, Prompts
 from debatebus.engine.result import DebateResult, DebateState, Progress, StopReason
@@ -14,6 +21,7 @@ __all__ = [
     "Debate",
     "DebateResult",
     "DebateState",
+    "HumanParticipant",
     "Judge",
     "Participant",
     "Progress",

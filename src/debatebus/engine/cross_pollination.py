@@ -103,16 +103,21 @@ async def _phase(
         )
 
     async def turn(p: Participant) -> Turn:
+        played = run.played(p.name, number) if run.progress.turns else None  # resumed
+        if played is not None:
+            return played
         said = await speak(run, p, phase, number, prompt_of(p, children.offer if children else ""))
-        if children is None:
-            return said
+        if children is not None:
 
-        async def reissue(feedback: str) -> Turn:
-            asked = prompt_of(p, "")
-            return await speak(run, p, phase, number,
-                               Message("user", asked.content + feedback, asked.breaks))
+            async def reissue(feedback: str) -> Turn:
+                asked = prompt_of(p, "")
+                return await speak(run, p, phase, number,
+                                   Message("user", asked.content + feedback, asked.breaks))
 
-        return await children.answer(p, said, reissue)
+            said = await children.answer(p, said, reissue)
+        if run.spec.people:
+            await run.commit_turn(said)
+        return said
 
     try:
         async with asyncio.TaskGroup() as group:

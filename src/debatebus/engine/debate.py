@@ -15,6 +15,7 @@ from debatebus.engine.cross_pollination import run_cross_pollination
 from debatebus.engine.definition import DebateSpec
 from debatebus.engine.fingerprint import definition_hash
 from debatebus.engine.outcome import Outcome
+from debatebus.engine.people import PeopleRunner
 from debatebus.engine.result import DebateResult, Progress, Status
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
@@ -104,6 +105,7 @@ class Debate(DebateSpec):
         children: ChildRunner | None = None,
         depth: int = 0,
         event_types: EventTypes = None,
+        people: PeopleRunner | None = None,
     ) -> DebateResult:
         """Run the debate to its end. Never raises for model failures: a failed debate returns
         ``status="failed"`` with its partial transcript and every token spent.
@@ -111,9 +113,11 @@ class Debate(DebateSpec):
         With ``sub_debates``, ``children`` runs the sub-debates a position asks for (default: in
         this process, ``InProcessChildren``; a bus handler passes one that publishes them);
         ``depth`` is this run's own (0 at the top; a sub-debate's events carry it).
-        ``event_types``: the kinds of event ``on_event`` takes (None: all); no other is built."""
+        ``event_types``: the kinds of event ``on_event`` takes (None: all); no other is built.
+        ``people`` asks the people (``HumanParticipant``) for their turns: a bus handler passes
+        one that publishes turn requests; without one their turns fail (docs/people.md)."""
         run, session = self._start(question, debate_id, on_event, max_rounds, resume, on_commit,
-                                   request_id, children, depth, event_types)
+                                   request_id, children, depth, event_types, people)
         await run.emit(
             ev.DebateStarted,
             question=question,
@@ -145,16 +149,21 @@ class Debate(DebateSpec):
             failure = DebateFailure(f"debate {self.name!r} exceeded its deadline of "
                                     f"{self.deadline_s} s")
         result = await finish(run, outcome, synthesis, failure)
+        await self._report(result)
+        return result
+
+    async def _report(self, result: DebateResult) -> None:
+        """Hand ``on_metrics``, if any, the run's metrics."""
         if self.on_metrics is not None:
             reported = self.on_metrics(DebateMetrics.of(result))
             if inspect.isawaitable(reported):
                 await reported
-        return result
 
     def _start(self, question: str, debate_id: str | None, on_event: OnEvent | None,
                max_rounds: int | None, resume: Progress | None, on_commit: OnCommit | None,
                request_id: str | None, children: ChildRunner | None,
-               depth: int, event_types: EventTypes) -> tuple[Run, SubDebateSession | None]:
+               depth: int, event_types: EventTypes,
+               people: PeopleRunner | None) -> tuple[Run, SubDebateSession | None]:
         """``run``'s arguments, checked: the new run and its sub-debate session, if any."""
         if not isinstance(question, str):
             raise ConfigError(f"the question must be a string, got {type(question).__name__}")
@@ -172,9 +181,8 @@ class Debate(DebateSpec):
             request_id=request_id,
             max_rounds=max_rounds,
             event_types=event_types,
+            people=people,
         )
-        if resume is not None:  # Run copies the committed rounds; the children go with them
-            run.progress.sub_debates = list(resume.sub_debates)
         if self.sub_debates is None:
             return run, None
         runner = children or InProcessChildren(self, on_event)

@@ -27,12 +27,14 @@ if TYPE_CHECKING:
     from debatebus.engine.subdebates import SubDebates
 
 __all__ = [
+    "DEFAULT_DEADLINE_S",
     "DEFAULT_WORD_LIMITS",
     "FAILURE_POLICIES",
     "PROTOCOLS",
     "Budget",
     "DebateSpec",
     "FailurePolicy",
+    "HumanParticipant",
     "Judge",
     "OnMetrics",
     "Participant",
@@ -52,6 +54,8 @@ DEFAULT_WORD_LIMITS: Mapping[str, Mapping[str, int]] = {
     "cross-pollination": {"position": 60, "revision": 150, "synthesis": 380, "audience": 120},
 }
 DEFAULT_JUDGE_PROMPT = ENGLISH.judge_persona
+#: How long a person has for a turn unless told otherwise: 10 minutes.
+DEFAULT_DEADLINE_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,32 @@ class Participant:
     system_prompt: str
     llm: LLM | None = None
     utility: Utility | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HumanParticipant(Participant):
+    """A participant whose turns a person, or any service outside this process, writes: its turn
+    is a request published on ``event_type`` and answered by a reply (docs/people.md), within
+    ``deadline_s`` seconds (else the turn fails, and the failure policy decides). Its
+    ``system_prompt`` is optional: the turn's prompt shows it, as a model participant's."""
+
+    system_prompt: str = ""
+    _: KW_ONLY
+    event_type: str
+    deadline_s: float = DEFAULT_DEADLINE_S
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.event_type, str) or not self.event_type:
+            raise ConfigError(f"HumanParticipant {self.name!r} needs the event type its turn "
+                              "requests are published on, e.g. event_type='debate:turn:alice'")
+        if not (isinstance(self.deadline_s, int | float) and self.deadline_s > 0):
+            raise ConfigError(f"HumanParticipant {self.name!r}: deadline_s must be > 0 seconds, "
+                              f"got {self.deadline_s!r}")
+
+    @property
+    def model(self) -> str:
+        """What stands for a model name in events and the definition hash."""
+        return f"human:{self.event_type}"
 
 
 class Verdict(BaseModel):
@@ -151,6 +181,8 @@ class DebateSpec:
     templates: Prompts = field(init=False)
     limits: Mapping[str, int] = field(init=False)
     participant_names: str = field(init=False)
+    #: The participants who are people (``HumanParticipant``), by name.
+    people: Mapping[str, HumanParticipant] = field(init=False)
     word_limit_texts: Mapping[str, str] = field(init=False)
     utility_texts: Mapping[str, str] = field(init=False)
     #: Every speaking role's system prompt by name (participants, moderator, synthesis speaker,
@@ -174,6 +206,7 @@ class DebateSpec:
             "templates": (self.prompts or Prompts()).merged_over(base),
             "limits": limits,
             "participant_names": ", ".join(p.name for p in self.participants),
+            "people": {p.name: p for p in self.participants if isinstance(p, HumanParticipant)},
             "word_limit_texts": {phase: word_limit_text(limits, phase, lang) for phase in limits},
             "utility_texts": {
                 p.name: lang.utility_text(p.utility.maximizes, p.utility.penalizes)
@@ -224,7 +257,8 @@ def _personas(spec: DebateSpec) -> dict[str, str]:
 
 
 def _models(spec: DebateSpec) -> dict[str, str]:
-    return {r.name: model_name(spec.llm_for(r)) for r in _roles(spec)}
+    """The model of every role that calls one (people need none)."""
+    return {r.name: model_name(spec.llm_for(r)) for r in _roles(spec) if r.name not in spec.people}
 
 
 def _check_prices(spec: DebateSpec) -> None:
@@ -342,12 +376,17 @@ def _validate_shape(spec: DebateSpec) -> None:
 
 
 def _validate_llms(spec: DebateSpec) -> None:
-    roles: list[tuple[str, Any]] = [(f"participant {p.name!r}", p) for p in spec.participants]
+    roles: list[tuple[str, Any]] = [(f"participant {p.name!r}", p) for p in spec.participants
+                                    if p.name not in spec.people]  # people need no model
     roles += [
         ("moderator", spec.moderator),
         ("judge", spec.judge),
         ("synthesizer", spec.synthesizer),
     ]
+    for label, role in roles[-3:]:
+        if isinstance(role, HumanParticipant):
+            raise ConfigError(f"the {label} writes with a model: a HumanParticipant can only be "
+                              "one of the participants")
     for label, role in roles:
         if role is not None and role.llm is None and spec.llm is None:
             raise ConfigError(

@@ -1,7 +1,8 @@
 """A stable hash of what a debate *is*, recorded in checkpoints to detect drift on resume.
 
-It covers the name, participants (names, system prompts, utilities, model names), roles, string
-prompts, protocol, PROTOCOL_VERSION, round cap, window, word limits and the judge schema. Callables
+It covers the name, participants (names, system prompts, utilities, model names; a person's event
+type), roles, string prompts, protocol, PROTOCOL_VERSION, round cap, window, word limits and the
+judge schema. Callables
 (``until``, callable prompts) count by qualified name only: their bodies can't be hashed stably.
 """
 
@@ -26,7 +27,9 @@ def _role(spec: DebateSpec, role: Participant | None) -> Any:
     if role is None:
         return None
     utility = [role.utility.maximizes, role.utility.penalizes] if role.utility else None
-    return [role.name, role.system_prompt, model_name(spec.llm_for(role)), utility]
+    person = spec.people.get(role.name)
+    model = person.model if person is not None else model_name(spec.llm_for(role))
+    return [role.name, role.system_prompt, model, utility]
 
 
 def _judge(spec: DebateSpec, judge: Judge | None) -> Any:

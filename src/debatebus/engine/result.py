@@ -14,6 +14,7 @@ from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
+    from debatebus.engine.people import HumanTurnRecord
     from debatebus.engine.subdebates import SubDebateRecord
 
 __all__ = ["DebateResult", "DebateState", "Progress", "StopReason"]
@@ -97,7 +98,9 @@ class Progress:
     Rounds are only ever appended; ``usage``/``calls`` include every call made, committed or not,
     so budgets and accounting survive a resume. ``by_speaker`` splits ``usage`` by who made the
     calls (what prices them). ``sub_debates`` are its children, recorded when started (so a
-    resumed run reuses their ids) and updated when they end.
+    resumed run reuses their ids) and updated when they end. In a debate with people, ``turns``
+    are the turns of rounds not yet committed, each committed as it ended, and ``people`` the
+    persons' turns asked for (so a resumed run waits for the same ones).
     """
 
     framing: Turn | None = None
@@ -106,3 +109,6 @@ class Progress:
     calls: int = 0
     sub_debates: list[SubDebateRecord] = field(default_factory=list)
     by_speaker: dict[str, TokenUsage] = field(default_factory=dict)
+    # Tuples, replaced when they grow: a debate without people allocates nothing for them.
+    turns: tuple[Turn, ...] = ()
+    people: tuple[HumanTurnRecord, ...] = ()

@@ -31,9 +31,16 @@ async def run_round_robin(run: Run) -> Outcome:
         phase = "opening" if number == 1 else "rebuttal"
         usage_before = await start_round(run, number, phase)
         turns: list[Turn] = []
+        people = bool(run.spec.people)  # asked once: a debate without people pays nothing more
         for participant in run.spec.participants:
-            turns.append(await speak(run, participant, phase, number, run.prompt(
-                phase, participant.name, number, _window_text(run, number, turns))))
+            # A turn committed alone before a resume is not played again (debates with people).
+            turn = run.played(participant.name, number) if run.progress.turns else None
+            if turn is None:
+                turn = await speak(run, participant, phase, number, run.prompt(
+                    phase, participant.name, number, _window_text(run, number, turns)))
+                if people:
+                    await run.commit_turn(turn)
+            turns.append(turn)
         require_a_survivor(turns, number, phase)
         await finish_round(run, Round(number=number, turns=turns, phase=phase), usage_before,
                            judged=True)

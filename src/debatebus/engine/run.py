@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant, fixed_fields
+from debatebus.engine.people import NoPeople, PeopleRunner, PlayedTurn
 from debatebus.engine.result import DebateState, Progress
 from debatebus.engine.rules import check_budget, latest_verdict, spent_cost, stop_reached
 from debatebus.engine.templates import (
@@ -36,7 +37,11 @@ __all__ = ["EventTypes", "OnCommit", "OnEvent", "Run"]
 OnEvent = Callable[[ev.DebateEvent], Awaitable[None] | None]
 #: The kinds of event an ``OnEvent`` takes: the run builds no other. None: every kind.
 EventTypes = frozenset[type[ev.DebateEvent]] | None
-OnCommit = Callable[[Progress, Turn | Round], Awaitable[None]]
+_NO_PEOPLE = NoPeople()
+#: The ``asked`` of every run without people: never written to (only people are asked).
+_NO_ASKS: dict[tuple[str, int], int] = {}
+#: Commits the framing (a ``Turn``), a round, or (debates with people) a turn as it ends.
+OnCommit = Callable[[Progress, Turn | Round | PlayedTurn], Awaitable[None]]
 
 
 class Run:
@@ -46,8 +51,9 @@ class Run:
     its own state only (the transcript once, as turns; prompts are rendered from it per call),
     and reads everything its debate fixes from the spec."""
 
-    __slots__ = ("debate_id", "event_types", "max_rounds", "on_commit", "on_event", "progress",
-                 "question", "request_id", "resumed_from", "seq", "spec", "started", "unmetered")
+    __slots__ = ("asked", "debate_id", "event_types", "max_rounds", "on_commit", "on_event",
+                 "people", "progress", "question", "request_id", "resumed_from", "seq", "spec",
+                 "started", "unmetered")
 
     def __init__(
         self,
@@ -61,6 +67,7 @@ class Run:
         request_id: str | None = None,
         max_rounds: int | None = None,
         event_types: EventTypes = None,
+        people: PeopleRunner | None = None,
     ) -> None:
         self.spec = spec
         self.question = question
@@ -71,10 +78,14 @@ class Run:
         self.on_commit = on_commit
         self.progress = (
             Progress(resume.framing, list(resume.rounds), resume.usage, resume.calls,
-                     by_speaker=dict(resume.by_speaker))
+                     list(resume.sub_debates), by_speaker=dict(resume.by_speaker),
+                     turns=resume.turns, people=resume.people)
             if resume
             else Progress()
         )
+        #: Who answers for the debate's people, and how many times each was asked per round.
+        self.people = people or _NO_PEOPLE
+        self.asked: dict[tuple[str, int], int] = {} if spec.people else _NO_ASKS
         self.resumed_from = len(self.progress.rounds)
         self.max_rounds = min(spec.max_rounds, max_rounds) if max_rounds else spec.max_rounds
         self.seq = 0
@@ -90,7 +101,7 @@ class Run:
         return self.on_event is not None and (
             self.event_types is None or event_type in self.event_types)
 
-    async def emit(self, event_type: type[Any], **fields: Any) -> None:
+    async def emit(self, event_type: type[Any], /, **fields: Any) -> None:
         on_event = self.on_event
         if on_event is None or not self.wants(event_type):
             return
@@ -214,9 +225,26 @@ class Run:
 
     async def commit_round(self, rnd: Round) -> None:
         """Append a finished round and checkpoint it."""
-        self.progress.rounds.append(rnd)
+        progress = self.progress
+        progress.rounds.append(rnd)
+        if progress.turns:  # the round's turns committed one by one are in it now
+            progress.turns = tuple(t for t in progress.turns if t.round != rnd.number)
         if self.on_commit is not None:
-            await self.on_commit(self.progress, rnd)
+            await self.on_commit(progress, rnd)
+
+    def played(self, speaker: str, number: int) -> Turn | None:
+        """``speaker``'s turn in round ``number`` when it was committed alone before a resume
+        (debates with people), else None: play it."""
+        return next((t for t in self.progress.turns
+                     if t.speaker == speaker and t.round == number), None)
+
+    async def commit_turn(self, turn: Turn) -> None:
+        """Checkpoint ``turn`` as it ends, before its round does (debates with people only: the
+        protocols ask): a run resumed while a person types calls no model of that round
+        again."""
+        self.progress.turns = (*self.progress.turns, turn)
+        if self.on_commit is not None:
+            await self.on_commit(self.progress, PlayedTurn(turn=turn))
 
     def stop_reached(self, number: int) -> bool:
         """The debate's stop rule, after round ``number``."""

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant
 from debatebus.engine.outcome import Outcome, SynthesisCall
+from debatebus.engine.people import hear
 from debatebus.engine.phi import interpret_phi_hat
 from debatebus.engine.result import DebateResult, StopReason
 from debatebus.engine.rules import (
@@ -111,7 +112,11 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: M
     """A participant's turn under the failure policy: a failed call becomes a failed turn. An
     answer that was all heading or another speaker's turn (nothing left once cleaned; not an
     empty answer, which is kept as is) is asked for once more: a small model that continued the
-    transcript usually answers as itself the second time."""
+    transcript usually answers as itself the second time. A person's turn is asked of them
+    (``people.hear``)."""
+    people = run.spec.people
+    if people and who.name in people:
+        return await hear(run, people[who.name], purpose, number, prompt)
     llm = run.spec.llm_for(who)
     started = time.perf_counter()
     spent = ZERO_USAGE

@@ -8,15 +8,17 @@ before fingerprints existed, was kept under a key this version never reads: ``de
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from debatebus.checkpoints.base import Counters, StoredCheckpoint
 from debatebus.engine.definition import DebateSpec
+from debatebus.engine.people import HumanTurnRecord, PlayedTurn
 from debatebus.engine.result import Progress
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
@@ -26,6 +28,8 @@ from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 __all__ = [
     "Ask",
     "CheckpointHeader",
+    "ForkBasis",
+    "ForkPoint",
     "StoredResult",
     "committed_items",
     "counters_of",
@@ -35,26 +39,39 @@ __all__ = [
     "encode_entry",
     "encode_header",
     "encode_result",
+    "judged",
     "request_fingerprint",
     "restore_progress",
     "reused_id",
     "spent_by_speaker",
 ]
 
-# A key no result field uses: the fingerprint rides in the stored result's JSON object.
+# Keys no result field uses: the fingerprint, and what a fork needs of a finished debate, ride in
+# the stored result's JSON object.
 _FINGERPRINT_KEY = "debatebusFingerprint"
+_BASIS_KEY = "debatebusForkBasis"
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPoint:
+    """Where a fork starts: the first ``from_round`` committed rounds of debate ``parent_id``."""
+
+    parent_id: str
+    from_round: int
 
 
 def request_fingerprint(question: str, max_rounds: int | None, preset: str | None = None,
-                        depth: int = 0) -> str:
+                        depth: int = 0, fork: ForkPoint | None = None) -> str:
     """What a request asks, hashed: everything a producer can set that changes the debate. The
-    preset counts only when named, and the sub-debate depth only above 0, so requests without
-    them keep their earlier fingerprints."""
+    preset counts only when named, the sub-debate depth only above 0 and the fork point only for
+    a fork, so requests without them keep their earlier fingerprints."""
     asked: dict[str, Any] = {"v": 1, "input": question, "maxRounds": max_rounds}
     if preset is not None:
         asked["preset"] = preset
     if depth:
         asked["depth"] = depth
+    if fork is not None:
+        asked["fork"] = [fork.parent_id, fork.from_round]
     return hashlib.sha256(_ENCODER.encode(asked)).hexdigest()[:32]
 
 
@@ -70,8 +87,8 @@ def debate_key(namespace: str, debate_id: str) -> str:
 class Ask:
     """One request's question: its input, round cap, debate id, which field named the id, the
     preset it asked for (None: the handler's own debate), its sub-debate depth (0: a top-level
-    debate), and its ``namespace``: the event type it was asked on, or the debate's name when
-    called directly (see ``debate_key``)."""
+    debate), its ``namespace``: the event type it was asked on, or the debate's name when
+    called directly (see ``debate_key``), and, for a fork, where it forked from."""
 
     question: str
     max_rounds: int | None
@@ -82,14 +99,15 @@ class Ask:
     namespace: str
     preset: str | None = None
     depth: int = 0
+    fork: ForkPoint | None = None
 
     @classmethod
     def of(cls, question: str, max_rounds: int | None, debate_id: str, id_field: str,
            request_id: str | None, namespace: str, preset: str | None = None,
-           depth: int = 0) -> Ask:
+           depth: int = 0, fork: ForkPoint | None = None) -> Ask:
         return cls(question, max_rounds, debate_id, id_field, request_id,
-                   request_fingerprint(question, max_rounds, preset, depth), namespace, preset,
-                   depth)
+                   request_fingerprint(question, max_rounds, preset, depth, fork), namespace,
+                   preset, depth, fork)
 
     @property
     def key(self) -> str:
@@ -136,6 +154,22 @@ class ChildEntry(msgspec.Struct, tag="child"):
     child: SubDebateRecord
 
 
+class TurnEntry(msgspec.Struct, tag="turn"):
+    """A turn of a round not yet committed (debates with people), committed as it ended."""
+
+    turn: Turn
+
+
+class PersonEntry(msgspec.Struct, tag="person"):
+    """A person's turn asked for: committed before its request is published."""
+
+    person: HumanTurnRecord
+
+
+#: What a checkpoint's entries hold, as the engine commits them.
+Item = Turn | Round | SubDebateRecord | PlayedTurn | HumanTurnRecord
+
+
 def _enc_hook(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
         return obj.model_dump(mode="json")
@@ -144,7 +178,8 @@ def _enc_hook(obj: Any) -> Any:
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
 _HEADER_DECODER = msgspec.json.Decoder(CheckpointHeader)
-_ENTRY_DECODER = msgspec.json.Decoder(FramingEntry | RoundEntry | ChildEntry)
+_ENTRY_DECODER = msgspec.json.Decoder(
+    FramingEntry | RoundEntry | ChildEntry | TurnEntry | PersonEntry)
 _RESULT_DECODER = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -156,33 +191,56 @@ def decode_header(data: bytes) -> CheckpointHeader:
     return _HEADER_DECODER.decode(data)
 
 
-def encode_entry(item: Turn | Round | SubDebateRecord) -> bytes:
+def encode_entry(item: Item) -> bytes:
+    """One checkpoint entry, tagged by what it holds (the wire's edge: one dispatch here)."""
+    entry: FramingEntry | RoundEntry | ChildEntry | TurnEntry | PersonEntry
     if isinstance(item, SubDebateRecord):
-        return _ENCODER.encode(ChildEntry(item))
-    return _ENCODER.encode(FramingEntry(item) if isinstance(item, Turn) else RoundEntry(item))
+        entry = ChildEntry(item)
+    elif isinstance(item, PlayedTurn):
+        entry = TurnEntry(item.turn)
+    elif isinstance(item, HumanTurnRecord):
+        entry = PersonEntry(item)
+    else:
+        entry = FramingEntry(item) if isinstance(item, Turn) else RoundEntry(item)
+    return _ENCODER.encode(entry)
+
+
+class ForkBasis(msgspec.Struct, kw_only=True):
+    """What a fork of a finished debate needs besides its result's transcript: the question and
+    the framing (stored with the result, not published)."""
+
+    question: str
+    framing: Turn | None = None
 
 
 class StoredResult(NamedTuple):
     fields: dict[str, Any]
     fingerprint: str | None  # None in results stored before fingerprints
+    basis: ForkBasis | None = None  # None in results stored before forks
 
 
-def encode_result(fields: dict[str, Any], fingerprint: str) -> bytes:
-    return _ENCODER.encode({**fields, _FINGERPRINT_KEY: fingerprint})
+def encode_result(fields: dict[str, Any], fingerprint: str,
+                  basis: ForkBasis | None = None) -> bytes:
+    extra = {} if basis is None else {_BASIS_KEY: basis}
+    return _ENCODER.encode({**fields, _FINGERPRINT_KEY: fingerprint, **extra})
 
 
 def decode_result(data: bytes) -> StoredResult:
     fields = _RESULT_DECODER.decode(data)
     fingerprint = fields.pop(_FINGERPRINT_KEY, None)
-    return StoredResult(fields, fingerprint if isinstance(fingerprint, str) else None)
+    basis: ForkBasis | None = None
+    with contextlib.suppress(msgspec.ValidationError):
+        basis = msgspec.convert(fields.pop(_BASIS_KEY, None), ForkBasis | None)
+    return StoredResult(fields, fingerprint if isinstance(fingerprint, str) else None, basis)
 
 
-def committed_items(progress: Progress) -> list[Turn | Round | SubDebateRecord]:
+def committed_items(progress: Progress) -> list[Item]:
     """Everything ``progress`` holds, as checkpoint entries: the framing, the rounds, the
-    children's records (``restore_progress`` reads them back in any order)."""
-    framing: list[Turn | Round | SubDebateRecord] = [] if progress.framing is None else [
-        progress.framing]
-    return [*framing, *progress.sub_debates, *progress.rounds]
+    children's and persons' records, the turns of rounds not yet committed
+    (``restore_progress`` reads them back in any order)."""
+    framing: list[Item] = [] if progress.framing is None else [progress.framing]
+    return [*framing, *progress.sub_debates, *progress.people, *progress.rounds,
+            *(PlayedTurn(turn=t) for t in progress.turns)]
 
 
 def counters_of(progress: Progress) -> Counters:
@@ -190,29 +248,52 @@ def counters_of(progress: Progress) -> Counters:
     return Counters(u.prompt_tokens, u.completion_tokens, u.total_tokens, progress.calls)
 
 
-def restore_progress(stored: StoredCheckpoint, spec: DebateSpec) -> Progress:
-    """Committed framing, rounds and sub-debate records, with verdicts re-validated by the
-    judge's schema.
+def judged(rnd: Round, spec: DebateSpec, *, lenient: bool = False) -> Round:
+    """``rnd`` with its stored verdict (JSON) validated by ``spec``'s judge schema again.
+    ``lenient`` (a fork with another judge): a verdict that schema refuses is kept as JSON."""
+    if spec.judge is not None and isinstance(rnd.verdict, dict):
+        try:
+            rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
+        except ValidationError:
+            if not lenient:
+                raise
+    return rnd
+
+
+def _restore_round(progress: Progress, rnd: Round, spec: DebateSpec, lenient: bool) -> None:
+    if progress.rounds and rnd.number <= progress.rounds[-1].number:
+        return
+    progress.rounds.append(judged(rnd, spec, lenient=lenient))
+
+
+def restore_progress(stored: StoredCheckpoint, spec: DebateSpec, *,
+                     lenient: bool = False) -> Progress:
+    """Committed framing, rounds, sub-debate and person records, and the turns of the round in
+    progress committed alone (debates with people), with verdicts re-validated by the judge's
+    schema (``lenient``: see ``judged``).
 
     Round numbers only grow, so an entry that repeats a round is skipped: an append retried after
     its reply was lost (by a store's client library, or a custom store) may be stored twice."""
     progress = Progress()
     children: dict[str, SubDebateRecord] = {}  # in start order; a later record replaces
+    people: dict[str, HumanTurnRecord] = {}
+    played: dict[tuple[str, int], Turn] = {}
     for raw in stored.entries:
         entry = _ENTRY_DECODER.decode(raw)
         if isinstance(entry, FramingEntry):
             progress.framing = progress.framing or entry.turn
-            continue
-        if isinstance(entry, ChildEntry):
+        elif isinstance(entry, ChildEntry):
             children[entry.child.child_id] = entry.child
-            continue
-        rnd = entry.round
-        if progress.rounds and rnd.number <= progress.rounds[-1].number:
-            continue
-        if spec.judge is not None and isinstance(rnd.verdict, dict):
-            rnd.verdict = spec.judge.schema.model_validate(rnd.verdict)
-        progress.rounds.append(rnd)
+        elif isinstance(entry, PersonEntry):
+            people[entry.person.key] = entry.person
+        elif isinstance(entry, TurnEntry):
+            played.setdefault((entry.turn.speaker, entry.turn.round), entry.turn)
+        else:
+            _restore_round(progress, entry.round, spec, lenient)
     progress.sub_debates = list(children.values())
+    progress.people = tuple(people.values())
+    committed = {r.number for r in progress.rounds}
+    progress.turns = tuple(t for t in played.values() if t.round not in committed)
     progress.by_speaker = spent_by_speaker(progress, spec)
     cached = sum(progress.by_speaker.values(), ZERO_USAGE)
     c = stored.counters

@@ -85,16 +85,17 @@ current_slot: ContextVar[Slot | None] = ContextVar("debatebus_slot", default=Non
 class HandlerContext:
     """What a handler may need besides the payload: the request's id, where the debate's events
     go (None: nobody listens), the delivery being handled (event type, id, delivery count), the
-    transport it came from, to publish on (sub-debates do; None: no bus), the kinds of event
-    ``on_event`` takes (None: all; the engine builds no other), and where to wait for the results
-    of what it publishes."""
+    transport it came from, to publish on (sub-debates and persons' turns do; None: no bus), the
+    kinds of event ``on_event`` takes (None: all; the engine builds no other), and where to wait
+    for the results of what it publishes."""
 
     request_id: str
     on_event: OnEvent | None
     delivery: Delivery
     transport: Transport | None = None
     event_types: EventTypes = None
-    #: The worker's waits for results of requests it publishes (sub-debates), on ``transport``.
+    #: The worker's waits for results of requests it publishes (sub-debates, persons' turns), on
+    #: ``transport``.
     answers: Answers | None = None
 
     @contextlib.asynccontextmanager

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore, Counters, Opening, retention_kw
+from debatebus.engine.people import HumanTurnRecord, PlayedTurn
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import DebateResult, Progress
 from debatebus.engine.run import EventTypes, OnEvent
@@ -53,6 +54,8 @@ from debatebus.exceptions import CheckpointMissingError, LeaseLostError, Transpo
 from debatebus.handlers.checkpointing import (
     Ask,
     CheckpointHeader,
+    ForkBasis,
+    Item,
     committed_items,
     counters_of,
     decode_header,
@@ -65,7 +68,8 @@ from debatebus.handlers.checkpointing import (
 )
 from debatebus.handlers.children import BusChildren
 from debatebus.handlers.leases import LeaseKeeper
-from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, result_fields
+from debatebus.handlers.people import BusPeople
+from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, fork_fields, result_fields
 from debatebus.loops import PerLoop
 from debatebus.schemas.envelope import now_iso
 
@@ -142,10 +146,14 @@ class DurableRunner:
 
     async def run(self, ask: Ask, on_event: OnEvent | None,
                   children: BusChildren | None = None,
-                  event_types: EventTypes = None) -> dict[str, Any]:
+                  event_types: EventTypes = None,
+                  people: BusPeople | None = None,
+                  seed: Progress | None = None) -> dict[str, Any]:
         """The debate's result fields: stored, or from a run (resumed from its checkpoint).
-        ``children`` (on a bus) publishes its sub-debates, committing each before publishing;
-        ``event_types``: the kinds of event ``on_event`` takes (None: all)."""
+        ``children`` (on a bus) publishes its sub-debates, and ``people`` its persons' turn
+        requests, committing each before publishing; ``event_types``: the kinds of event
+        ``on_event`` takes (None: all). ``seed``: what a fork starts from (its parent's first
+        rounds), committed as the debate's first entries when it has none yet."""
         key, owner = ask.key, self.run_owner()
         header = self._header(ask)
         encoded = encode_header(header)
@@ -161,22 +169,23 @@ class DurableRunner:
             del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
                 return failure_fields(ask.debate_id, progress)
+            if progress is None and seed is not None:
+                progress = await self._seed(key, seed)
             commits = _Commits(self, ask, progress)
             try:
-                ran = await self._run_leased(ask, owner, on_event, event_types, commits, children)
+                ran = await self._run_leased(ask, owner, on_event, event_types, commits, children,
+                                             people)
             except BaseException:
                 await commits.close(superseded=False)
                 raise
             if ran.retryable:  # a failure that may pass: published, never stored as the answer
                 self._finishing.get().release()
                 await commits.close(superseded=False)  # a resend resumes from what it committed
-                return result_fields(ran)
+                return self._fields(ran, ask)
             try:  # with one of the runner's finishing slots, which _run_leased took
                 await commits.close(superseded=True)
-                fields = result_fields(ran)
-                if expired:
-                    fields[RESULT_EXPIRED] = True
-                result = encode_result(fields, ask.fingerprint)
+                fields = self._fields(ran, ask, expired=expired)
+                result = encode_result(fields, ask.fingerprint, self._basis(ask, ran))
                 await self._patient(lambda: self.store.finish(key, owner, result,
                                                               **self._retention))
             finally:
@@ -186,6 +195,31 @@ class DurableRunner:
         finally:
             if not finished:
                 await self._release(key, owner)
+
+    def _fields(self, ran: DebateResult, ask: Ask, *, expired: bool = False) -> dict[str, Any]:
+        """A run's result fields, marked when its stored result had expired or it is a fork."""
+        fields = result_fields(ran)
+        if expired:
+            fields[RESULT_EXPIRED] = True
+        if ask.fork is not None:
+            fields.update(fork_fields(ask.fork.parent_id, ask.fork.from_round))
+        return fields
+
+    def _basis(self, ask: Ask, ran: DebateResult) -> ForkBasis:
+        """What a fork of this finished debate will need besides its transcript."""
+        moderator = self.debate.spec.moderator
+        framing = None if ran.framing is None or moderator is None else Turn(
+            speaker=moderator.name, round=0, text=ran.framing)
+        return ForkBasis(question=ask.question, framing=framing)
+
+    async def _seed(self, key: str, seed: Progress) -> Progress:
+        """Commit a fork's starting point (its parent's framing and first rounds) as the first
+        entries of its checkpoint; the progress it resumes from. Its counters start at zero:
+        the fork pays only for what comes after."""
+        entries = [encode_entry(item) for item in committed_items(seed)]
+        if entries:
+            await self.append(key, entries, counters_of(seed))
+        return seed
 
     async def _open(self, key: str, owner: str, encoded: bytes) -> Opening:
         """Wait while another run (here or on another worker) holds the debate: never start a
@@ -257,12 +291,15 @@ class DurableRunner:
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           event_types: EventTypes, commits: _Commits,
-                          children: BusChildren | None) -> DebateResult:
+                          children: BusChildren | None,
+                          people: BusPeople | None) -> DebateResult:
         """The debate's run under its lease; it returns holding a finishing slot, waited for
         while the lease is still renewed (the caller releases it once the result is stored)."""
         debate_id = ask.debate_id
         if children is not None:
             children = replace(children, store=self.store, commit=commits.commit_child)
+        if people is not None:
+            people = replace(people, commit=commits.commit_person)
         # The keeper cancels this very task if the lease is lost: cheaper than a child task per
         # debate, and uncancel() tells a lost lease from a shutdown.
         task = asyncio.current_task()
@@ -272,7 +309,7 @@ class DurableRunner:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
-                children=children, depth=ask.depth, event_types=event_types)
+                children=children, depth=ask.depth, event_types=event_types, people=people)
             await self._finishing.get().acquire()
         except asyncio.CancelledError:
             if self.keeper.untrack(owner):
@@ -304,12 +341,25 @@ class _Commits:
       e.g. on an instant model, writes no checkpoint at all.)
     - **Failures**: a write that failed (after ``store_outage_s``) fails the run at its next
       commit, or at ``close``.
-    - A child's record is written before its request is published (``commit_child`` waits).
+    - A child's record is written before its request is published (``commit_child`` waits), and
+      so is a person's (``commit_person``), with the turns queued before it.
 
     One small object per debate in flight, not a closure each."""
 
-    __slots__ = ("ask", "committed", "counters", "error", "lost", "pending", "progress",
-                 "runner", "state", "writer", "writing")
+    __slots__ = (
+        "ask",
+        "asked",
+        "committed",
+        "counters",
+        "error",
+        "lost",
+        "pending",
+        "progress",
+        "runner",
+        "state",
+        "writer",
+        "writing",
+    )
 
     def __init__(self, runner: DurableRunner, ask: Ask, progress: Progress | None) -> None:
         self.runner = runner
@@ -317,7 +367,9 @@ class _Commits:
         self.progress = progress  # what the run resumes from (None: fresh)
         # Each child's last committed status (a resumed run's, from its checkpoint).
         self.committed = {r.child_id: r.status for r in progress.sub_debates} if progress else {}
-        self.pending: list[Turn | Round | SubDebateRecord] = []
+        # The persons' turns asked for and committed (a resumed run's, from its checkpoint).
+        self.asked = tuple(r.key for r in progress.people) if progress else ()
+        self.pending: list[Item] = []
         self.counters = Counters()  # the progress's counters as of the newest pending entry
         self.state = progress  # the run's progress as of the newest commit
         self.writer: asyncio.Task[None] | None = None
@@ -325,9 +377,9 @@ class _Commits:
         self.error: Exception | None = None
         self.lost = False  # the lease was lost: write nothing more
 
-    async def commit(self, state: Progress, item: Turn | Round) -> None:
-        """Queue the framing or a round, with the final records of the children whose outcome
-        it used."""
+    async def commit(self, state: Progress, item: Turn | Round | PlayedTurn) -> None:
+        """Queue the framing, a round or a turn played alone, with the final records of the
+        children whose outcome it used."""
         if state.sub_debates:
             committed = self.committed
             ended = [r for r in state.sub_debates if committed.get(r.child_id) != r.status]
@@ -340,6 +392,17 @@ class _Commits:
         if record.child_id in self.committed:
             return False
         self.committed[record.child_id] = record.status
+        self.pending.append(record)
+        await self._queued(state)
+        await self._settled()
+        return True
+
+    async def commit_person(self, record: HumanTurnRecord, state: Progress) -> bool:
+        """Write a person's turn record (and what was queued before it) before its request is
+        published; False when an earlier run committed (and so published) it."""
+        if record.key in self.asked:
+            return False
+        self.asked = (*self.asked, record.key)
         self.pending.append(record)
         await self._queued(state)
         await self._settled()

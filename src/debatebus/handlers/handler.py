@@ -35,6 +35,7 @@ from debatebus.handlers.inputs import (
     read_question,
     read_replay,
 )
+from debatebus.handlers.people import BusPeople
 from debatebus.handlers.results import echo, result_fields
 from debatebus.presets import PRESETS, preset
 from debatebus.schemas.envelope import is_result_topic
@@ -281,14 +282,15 @@ class DebateHandler:
         between: the durable runner's, or (without a store) the debate's, read into fields."""
         debate = self.presets[ask.preset] if ask.preset is not None else self.debate
         children = _bus_children(debate, bus, on_event)
+        people = _bus_people(debate, bus)
         event_types = bus.event_types if bus is not None else None
         runner = self._runner_for(ask)
         if runner is not None:
-            return runner.run(ask, on_event, children, event_types)
+            return runner.run(ask, on_event, children, event_types, people)
         return _fields_of(debate.run(
             ask.question, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
             request_id=ask.request_id, children=children, depth=ask.depth,
-            event_types=event_types,
+            event_types=event_types, people=people,
         ))
 
 
@@ -305,6 +307,14 @@ def _bus_children(debate: Debate, bus: HandlerContext | None,
         return None
     return BusChildren(bus.transport, bus.answers, bus.waiting,
                        InProcessChildren(debate, on_event))
+
+
+def _bus_people(debate: Debate, bus: HandlerContext | None) -> BusPeople | None:
+    """How ``debate``'s people are asked when it runs on a bus: turn requests on ``bus``'s
+    transport. None: no people, or no bus."""
+    if not debate.people or bus is None or bus.transport is None or bus.answers is None:
+        return None
+    return BusPeople(bus.transport, bus.answers, bus.waiting)
 
 
 def _preset_debates(debate: Debate, names: Iterable[str]) -> dict[str, Debate]:

@@ -22,6 +22,7 @@ __all__ = [
     "RESULT_FIELDS",
     "echo",
     "failure_fields",
+    "fork_fields",
     "result_fields",
     "to_builtins",
 ]
@@ -41,7 +42,7 @@ RESULT_FIELDS: frozenset[str] = frozenset({
     "debateDurationMs", "debateSatisfied", "debateError", "debateReplayed", "debateRetryable",
     "debateResumedFromRound", "debateSubDebates", "debateChildrenTokenUsage",
     "debateTotalTokenUsage", RESULT_EXPIRED, "debatePayloadTruncated", "debateCost",
-    "debateStopReason",
+    "debateStopReason", "debateForkOf",
 })
 
 
@@ -123,6 +124,12 @@ def result_fields(result: DebateResult) -> dict[str, Any]:
         **_run_fields(result),
         **_sub_debate_fields(result),
     }
+
+
+def fork_fields(parent_id: str, from_round: int) -> dict[str, Any]:
+    """What a fork's result says of its origin: ``debateForkOf``, the parent debate's id and the
+    committed rounds taken from it (docs/forks.md)."""
+    return {"debateForkOf": {"debateId": parent_id, "fromRound": from_round}}
 
 
 def failure_fields(debate_id: str, error: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ __all__ = [
     "SynthesisCompleted",
     "TurnCompleted",
     "TurnFailed",
+    "TurnRequested",
     "VerdictReached",
 ]
 
@@ -91,6 +92,20 @@ class TurnFailed(_CallEvent, tag="turn_failed", kw_only=True):
     text: str
     error: str
     usage: TokenUsage = ZERO_USAGE
+
+
+class TurnRequested(_Event, tag="turn_requested", kw_only=True):
+    """A person's turn was asked for (docs/people.md): its request is on ``event_type`` under
+    ``turn_key`` (its ``requestId``) with ``message_id`` (its ``messageId``, which a reply names
+    as its ``causationId``), answerable until ``deadline`` (ISO 8601, UTC)."""
+
+    speaker: str
+    round: int
+    turn_key: str
+    event_type: str
+    message_id: str
+    deadline: str
+    prompt: str
 
 
 class VerdictReached(_CallEvent, tag="verdict", kw_only=True):
@@ -181,6 +196,7 @@ DebateEvent = (
     | RoundStarted
     | TurnCompleted
     | TurnFailed
+    | TurnRequested
     | VerdictReached
     | RoundCompleted
     | PhiUpdate
@@ -199,6 +215,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     RoundStarted,
     TurnCompleted,
     TurnFailed,
+    TurnRequested,
     VerdictReached,
     RoundCompleted,
     PhiUpdate,

@@ -4,7 +4,8 @@ recent debates as JSON and each debate's events as server-sent events.
 It keeps nothing but memory: a restarted page shows debates from its start on. Serve it with
 ``debatebus web --broker URL`` or mount ``create_app(...)`` in any ASGI server. Every request,
 the page's own included, must be sent to an allowed ``Host`` and carry the token when one is set
-(``debatebus.access``).
+(``debatebus.access``). With ``answer_token`` (opt-in), ``POST /api/turns`` answers a person's
+turn request (docs/people.md), for requests carrying that token in their header.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from debatebus.access import TOKEN_QUERY, Access
+from debatebus.handlers.people import MAX_REPLY_BYTES, turn_reply
 from debatebus.transports import Delivery, Transport, transport_from_url
 from debatebus.web.store import DebateStore, Event
 from debatebus.worker import EVENTS_TOPIC
@@ -43,6 +45,8 @@ STARTUP_WAIT_S: Final = 10.0
 KEEPALIVE_S: Final = 15.0
 _RETRY_MAX_S: Final = 10.0
 _encode = msgspec.json.Encoder().encode
+#: Where a person's page answers a turn request (with ``answer_token`` only).
+TURNS_PATH: Final = "/api/turns"
 
 
 # ---- the page ---------------------------------------------------------------------------------
@@ -93,18 +97,24 @@ async def _close(deliveries: AsyncIterator[Delivery]) -> None:
 
 
 class _Guard:
-    """Answers a request only when it is sent to an allowed Host and carries the token."""
+    """Answers a request only when it is sent to an allowed Host and carries the token; an answer
+    to a turn request, only with the answer token in its header (a link cannot answer)."""
 
-    def __init__(self, app: ASGIApp, access: Access) -> None:
+    def __init__(self, app: ASGIApp, access: Access, answer: Access | None = None) -> None:
         self.app = app
         self.access = access
+        self.answer = answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":  # the lifespan passes; no route takes a websocket
             request = HTTPConnection(scope)
-            refusal = self.access.refusal(request.headers.get("host"),
-                                          request.headers.get("authorization"),
-                                          request.query_params.get(TOKEN_QUERY))
+            if self.answer is not None and request.url.path == TURNS_PATH:
+                refusal = self.answer.refusal(request.headers.get("host"),
+                                              request.headers.get("authorization"), None)
+            else:
+                refusal = self.access.refusal(request.headers.get("host"),
+                                              request.headers.get("authorization"),
+                                              request.query_params.get(TOKEN_QUERY))
             if refusal is not None:
                 headers = {"Cache-Control": "no-store", **dict(refusal.headers)}
                 await PlainTextResponse(refusal.message, refusal.status, headers)(
@@ -202,6 +212,24 @@ class _LivePage:
             "Cache-Control": "no-store", "X-Accel-Buffering": "no",
         })
 
+    async def answer_turn(self, request: Request) -> Response:
+        """Publish a person's reply to a turn request: ``{"eventType", "turnKey", "messageId",
+        "text"}``, from the request's ``turn_requested`` event and what they wrote."""
+        try:
+            body = msgspec.json.decode(await request.body())
+        except msgspec.DecodeError:
+            body = None
+        fields = body if isinstance(body, dict) else {}
+        wanted = ("eventType", "turnKey", "messageId", "text")
+        if not all(isinstance(fields.get(k), str) and fields[k].strip() for k in wanted):
+            return _json({"error": "send a JSON object with eventType, turnKey and messageId (from "
+                          "the turn_requested event) and text, each a non-empty string"}, 400)
+        if len(fields["text"].encode()) > MAX_REPLY_BYTES:
+            return _json({"error": f"text is over {MAX_REPLY_BYTES} bytes: shorten it"}, 413)
+        await self.transport.publish(turn_reply(fields["eventType"], fields["turnKey"],
+                                                fields["messageId"], fields["text"]))
+        return _json({"published": fields["turnKey"]}, 202)
+
     async def _events(self, debate_id: str, after: int) -> AsyncIterator[bytes]:
         """The debate's events after index ``after``: the stored ones, then each as it arrives.
         The listener is registered before the stored events are read, so none can fall between;
@@ -227,16 +255,22 @@ class _LivePage:
 
 def create_app(broker_url_or_transport: str | Transport, *, history: int = 200,
                events_topic: str = EVENTS_TOPIC, token: str | None = None,
-               allowed_hosts: Iterable[str] = ()) -> Starlette:
+               allowed_hosts: Iterable[str] = (), answer_token: str | None = None) -> Starlette:
     """The live page for the debates on ``events_topic``. A transport given as an object is
     shared: it is connected but not closed by the app.
 
     With ``token``, every request needs ``Authorization: Bearer <token>`` or ``?token=<token>``
     (a browser opens ``/?token=…`` and the page passes it on); else 401. Requests are answered
     only when their ``Host`` is loopback or in ``allowed_hosts`` (names or addresses the page is
-    reached by, ``*.example.com``, ``*`` for any); else 421."""
-    access = Access.of(token, allowed_hosts,
-                       host_option="debatebus web --allowed-host; create_app(allowed_hosts=…)")
+    reached by, ``*.example.com``, ``*`` for any); else 421.
+
+    ``answer_token`` (off by default) lets the page answer a person's turn request:
+    ``POST /api/turns`` with ``Authorization: Bearer <answer_token>`` (the header only) publishes
+    the reply (docs/people.md); without it there is no such route."""
+    hosts = "debatebus web --allowed-host; create_app(allowed_hosts=…)"
+    access = Access.of(token, allowed_hosts, host_option=hosts)
+    answer = None if answer_token is None else Access.of(answer_token, allowed_hosts,
+                                                         host_option=hosts)
     live = _LivePage(broker_url_or_transport, events_topic, history)
     routes = [
         Route("/", live.page),
@@ -245,6 +279,8 @@ def create_app(broker_url_or_transport: str | Transport, *, history: int = 200,
         Route("/api/debates/{debate_id}", live.debate),
         Route("/api/debates/{debate_id}/stream", live.stream),
     ]
+    if answer is not None:
+        routes.append(Route(TURNS_PATH, live.answer_turn, methods=["POST"]))
     return Starlette(routes=routes, lifespan=live.lifespan,
-                     middleware=[Middleware(_Guard, access=access)])
+                     middleware=[Middleware(_Guard, access=access, answer=answer)])
 
