@@ -45,13 +45,27 @@ async def _chaos(workers: list[WorkerProcess], env: dict[str, str], tmp_path: Pa
     killed: dict[int, int] = defaultdict(int)
     for n in range(KILLS):
         await asyncio.sleep(rng.uniform(0.8, 2.0))
-        recent = {call["pid"] for call in read_calls(tmp_path / "calls.log")[-12:]}
-        busy = [i for i, worker in enumerate(workers) if worker.pid in recent]
+        busy = await _busy(workers, tmp_path)
         victim = rng.choice(busy) if busy else rng.randrange(len(workers))
         killed[workers[victim].pid] += 1
         workers[victim].kill()
         workers[victim] = WorkerProcess(env, tmp_path / f"w{victim}-{n}.log")
     return killed
+
+
+async def _busy(workers: list[WorkerProcess], tmp_path: Path) -> list[int]:
+    """The workers that made one of the last model calls, waiting (up to 10 s) for a call made
+    since this was asked: on a loaded machine a restarted worker (a Kafka one rejoining its
+    group) may take seconds to run anything, and a kill before then interrupts nothing."""
+    seen = len(read_calls(tmp_path / "calls.log"))
+    for _ in range(100):  # the calls log, polled: nothing to await on across processes
+        calls = read_calls(tmp_path / "calls.log")
+        recent = {call["pid"] for call in calls[max(seen, len(calls) - 12):]}
+        busy = [i for i, worker in enumerate(workers) if worker.pid in recent]
+        if busy:
+            return busy
+        await asyncio.sleep(0.1)
+    return []
 
 
 async def test_chaos_kills_lose_nothing_and_repeat_nothing(chaos_url: str, redis_server: object,
