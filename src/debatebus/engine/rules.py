@@ -84,12 +84,13 @@ def stop_reached(
     return spec.judge is not None and consensus_reached(latest_verdict(rounds))
 
 
-def consensus_reached(verdict: object) -> bool:
+def consensus_reached(verdict: BaseModel | None) -> bool:
     """The verdict's ``consensus`` flag, unless its summary says nothing (``empty_verdict``)."""
-    return getattr(verdict, "consensus", False) is True and not empty_verdict(verdict)
+    return (verdict is not None and getattr(verdict, "consensus", False) is True
+            and not empty_verdict(verdict))
 
 
-def empty_verdict(verdict: object) -> bool:
+def empty_verdict(verdict: BaseModel) -> bool:
     """A verdict whose ``summary`` is empty or only repeats its schema's own text (its title,
     description or field names, which the judge model was shown): a small model that copied them
     ruled nothing. A schema without a string ``summary`` is never empty."""
