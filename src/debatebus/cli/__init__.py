@@ -1,4 +1,4 @@
-"""``debatebus`` command line: worker, publish, tail, run, demo (and ops commands)."""
+"""``debatebus`` command line: worker, publish, tail, run, demo, eval (and ops commands)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ _COMMAND_MODULES = (
     "debatebus.cli.ops_cmds",
     "debatebus.cli.observe_cmds",
     "debatebus.cli.web_cmds",
+    "debatebus.cli.eval_cmd",
 )
 
 
