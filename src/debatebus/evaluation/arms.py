@@ -283,17 +283,19 @@ SOLVER_PERSONA = ("You solve the question with the other participants: check the
 
 
 def solver_debate(llm: LLM, *, protocol: DebateProtocol = "round-robin", agents: int = 3,
-                  rounds: int = 2, judge: bool = False) -> Debate:
+                  rounds: int = 2, judge: bool = False,
+                  word_limits: Mapping[str, int] | None = None) -> Debate:
     """``agents`` equal solvers on ``llm`` in ``protocol`` for ``rounds`` rounds (cross-pollination
     always plays 2), with a judge that may stop a round-robin early: the built-in debate arms of
-    ``debatebus eval`` (``round-robin:3x2``, ``cross-pollination:3+judge``…)."""
+    ``debatebus eval`` (``round-robin:3x2``, ``cross-pollination:3+judge``…). ``word_limits``:
+    per phase, over the protocol's own (``Debate``'s argument)."""
     if protocol == "cross-pollination" and rounds != CROSS_POLLINATION_ROUNDS:
         raise ConfigError(f"cross-pollination always plays {CROSS_POLLINATION_ROUNDS} rounds "
                           f"(positions, then revisions), not {rounds}")
     participants = [Participant(f"solver-{i}", SOLVER_PERSONA) for i in range(1, agents + 1)]
     return Debate(f"{protocol}-{agents}x{rounds}{'-judge' if judge else ''}", participants,
                   llm=llm, protocol=protocol, max_rounds=rounds,
-                  judge=Judge() if judge else None)
+                  judge=Judge() if judge else None, word_limits=word_limits)
 
 
 class DebateArm:

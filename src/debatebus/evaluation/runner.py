@@ -174,7 +174,11 @@ class Evaluation:
         }
 
     def fingerprint(self) -> str:
-        document = {**self.config(), "itemIds": [item.id for item in self.dataset.items]}
+        """What the stored results depend on: the items, arms, models, grader and instruction
+        (not the bootstrap, which is computed from them)."""
+        config = self.config()
+        document = {**{k: config[k] for k in ("dataset", "arms", "grader", "models")},
+                    "itemIds": [item.id for item in self.dataset.items]}
         encoded = json.dumps(document, sort_keys=True, ensure_ascii=False, default=str)
         return hashlib.sha256(encoded.encode()).hexdigest()[:16]
 
