@@ -57,9 +57,9 @@ ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 PARTS = ("arithmetic", "gsm8k", "judge", "server")
 #: The longest answer of a single or vote call, in tokens.
-MAX_TOKENS = 160
-#: Every debate phase's word limit (a token budget of 136, close to MAX_TOKENS).
-WORDS = 80
+MAX_TOKENS = 96
+#: Every debate phase's word limit (a token budget of 84, close to MAX_TOKENS).
+WORDS = 48
 WORD_LIMITS = dict.fromkeys(("opening", "rebuttal", "position", "revision", "synthesis"), WORDS)
 SERVER_ITEMS = 10
 

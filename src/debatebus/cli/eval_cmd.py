@@ -50,6 +50,7 @@ from debatebus.evaluation.graders import (
     NumericGrader,
     RegexGrader,
 )
+from debatebus.evaluation.report import Report
 from debatebus.evaluation.runner import Evaluation, Progress
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
@@ -122,26 +123,53 @@ async def run(args: argparse.Namespace) -> int:
     """Exit code 0 when the evaluation finished (whatever it found), 2 when it could not run."""
     try:
         dataset = _dataset(args)
-        llm = _llm(args)
-        grader = _grader(args, llm)
+        model = _Model(args)
+        grader = _grader(args, model)
+        async with _client(args) as client:
+            arms = _arms(args, model, client)
+            evaluation = Evaluation(
+                dataset, arms, grader, seed=args.seed, models=_models(args, model),
+                concurrency=args.concurrency, bootstrap=args.bootstrap)
+            report = await _evaluate(evaluation, args)
     except ImportError as exc:  # a provider's optional extra is missing; the message says which
         print(f"debatebus: {exc}", file=sys.stderr)
         return 2
-    async with _client(args) as client:
-        arms = _arms(args, llm, client)
-        evaluation = Evaluation(
-            dataset, arms, grader, seed=args.seed, models=_models(args),
-            concurrency=args.concurrency, bootstrap=args.bootstrap)
-        bar = ProgressBar(sys.stderr)
-        try:
-            report = await evaluation.run(args.out / ITEMS_FILE, fresh=args.fresh,
-                                          on_progress=bar)
-        finally:
-            bar.close()
     written = report.write(args.out)
     print(report.to_json() if args.json else report.table())
     print(f"written: {', '.join(str(p) for p in written.values())}", file=sys.stderr)
     return 0
+
+
+async def _evaluate(evaluation: Evaluation, args: argparse.Namespace) -> Report:
+    bar = ProgressBar(sys.stderr)
+    try:
+        return await evaluation.run(args.out / ITEMS_FILE, fresh=args.fresh, on_progress=bar)
+    finally:
+        bar.close()
+
+
+class _Model:
+    """The model of the arms run here, resolved the first time an arm (or the judge grader) asks
+    for it: a fleet-only evaluation needs none. Behind the rate limits of
+    ``$DEBATEBUS_RATE_LIMITS``; with a Redis ``--broker``, the fleet-wide ones its workers share."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.spec: str | None = args.llm
+        self.broker: str | None = args.broker
+        self._llm: LLM | None = None
+
+    def __call__(self) -> LLM:
+        if self._llm is None:
+            from debatebus.llm.ratelimit import with_rate_limits
+            from debatebus.llm.registry import resolve_llm
+
+            self._llm = with_rate_limits(resolve_llm(self.spec),
+                                         redis_url=_redis_of(self.broker))
+        return self._llm
+
+    @property
+    def used(self) -> bool:
+        return self._llm is not None
 
 
 def _dataset(args: argparse.Namespace) -> Dataset:
@@ -161,15 +189,6 @@ def _dataset(args: argparse.Namespace) -> Dataset:
     return dataset
 
 
-def _llm(args: argparse.Namespace) -> LLM:
-    """The model of the arms run here, behind the rate limits of ``$DEBATEBUS_RATE_LIMITS``: with
-    a Redis ``--broker``, the fleet-wide ones its workers share."""
-    from debatebus.llm.ratelimit import with_rate_limits
-    from debatebus.llm.registry import resolve_llm
-
-    return with_rate_limits(resolve_llm(args.llm), redis_url=_redis_of(args.broker))
-
-
 def _redis_of(broker: str | None) -> str | None:
     if broker is None:
         return None
@@ -179,7 +198,7 @@ def _redis_of(broker: str | None) -> str | None:
     return scheme.removesuffix("+pubsub") + broker[len(scheme):]
 
 
-def _grader(args: argparse.Namespace, llm: LLM) -> Grader:
+def _grader(args: argparse.Namespace, model: _Model) -> Grader:
     spec: str = args.grader
     if spec == "numeric":
         return NumericGrader()
@@ -190,15 +209,17 @@ def _grader(args: argparse.Namespace, llm: LLM) -> Grader:
     if spec == "judge":
         from debatebus.llm.registry import resolve_llm
 
-        return JudgeGrader(resolve_llm(args.grader_llm) if args.grader_llm else llm)
+        return JudgeGrader(resolve_llm(args.grader_llm) if args.grader_llm else model())
     raise ConfigError(f"--grader {spec!r}: use numeric, exact, regex:PATTERN or judge")
 
 
-def _models(args: argparse.Namespace) -> dict[str, str]:
+def _models(args: argparse.Namespace, model: _Model) -> dict[str, str]:
     """The model strings the report records (redacted: a base URL may hold a key)."""
     from debatebus.llm.registry import DEFAULT_SPEC, ENV_VAR
 
-    models = {"llm": redact(args.llm or os.environ.get(ENV_VAR) or DEFAULT_SPEC)}
+    models = {}
+    if model.used:
+        models["llm"] = redact(args.llm or os.environ.get(ENV_VAR) or DEFAULT_SPEC)
     if args.grader == "judge" and args.grader_llm:
         models["grader"] = redact(args.grader_llm)
     if args.broker:
@@ -215,7 +236,7 @@ async def _client(args: argparse.Namespace) -> AsyncIterator[BusClient | None]:
         yield client
 
 
-def _arms(args: argparse.Namespace, llm: LLM, client: BusClient | None) -> list[Arm]:
+def _arms(args: argparse.Namespace, model: _Model, client: BusClient | None) -> list[Arm]:
     specs: list[str] = args.arm or ["single", "vote",
                                     "fleet" if client is not None else "round-robin:3x2"]
     twice = sorted({spec for spec in specs if specs.count(spec) > 1})
@@ -227,10 +248,10 @@ def _arms(args: argparse.Namespace, llm: LLM, client: BusClient | None) -> list[
         if spec == "vote" or spec.startswith("vote:"):
             votes.append(spec)
         else:
-            made.append(_arm(spec, llm, client, args.event_type))
+            made.append(_arm(spec, model, client, args.event_type))
     debates = [arm.name for arm in made if arm.kind not in ("single", "vote")]
     for spec in votes:
-        made.append(_vote(spec, llm, debates[0] if debates else None))
+        made.append(_vote(spec, model(), debates[0] if debates else None))
     by_name = {arm.name: arm for arm in made}
     return [by_name[spec] for spec in specs]  # each arm is named by its spec
 
@@ -247,9 +268,9 @@ def _vote(spec: str, llm: LLM, debate: str | None) -> Vote:
     return Vote(llm, matched_to=debate, match="tokens" if how == "tokens" else "calls", name=spec)
 
 
-def _arm(spec: str, llm: LLM, client: BusClient | None, event_type: str) -> Arm:
+def _arm(spec: str, model: _Model, client: BusClient | None, event_type: str) -> Arm:
     if spec == "single":
-        return Single(llm, name=spec)
+        return Single(model(), name=spec)
     if spec == "fleet" or spec.startswith("fleet:"):
         if client is None:
             raise ConfigError(f"--arm {spec!r} publishes to a running fleet: pass --broker URL")
@@ -259,7 +280,7 @@ def _arm(spec: str, llm: LLM, client: BusClient | None, event_type: str) -> Arm:
         protocol: DebateProtocol = (
             "round-robin" if debate["protocol"] == "round-robin" else "cross-pollination")
         rounds = int(debate["rounds"] or 2)
-        made = solver_debate(llm, protocol=protocol, agents=int(debate["agents"]),
+        made = solver_debate(model(), protocol=protocol, agents=int(debate["agents"]),
                              rounds=rounds, judge=bool(debate["judge"]))
         return DebateArm(made, name=spec,
                          final="majority" if protocol == "round-robin" else "output")
@@ -268,7 +289,7 @@ def _arm(spec: str, llm: LLM, client: BusClient | None, event_type: str) -> Arm:
         if preset["name"] not in PRESETS:
             raise ConfigError(f"--arm {spec!r}: no preset {preset['name']!r}; use one of "
                               f"{sorted(PRESETS)}")
-        made = Debate.from_preset(preset["name"], llm=llm,
+        made = Debate.from_preset(preset["name"], llm=model(),
                                   judge=Judge() if preset["judge"] else None)
         return DebateArm(made, name=spec)
     return _loaded(spec)
