@@ -12,7 +12,7 @@ from xml.etree import ElementTree
 import pytest
 from tests.evaluation.world import DATASET, answer, judged_debate, world_debate, world_llm
 
-from debatebus import FunctionLLM, LLMRequest, ScriptedLLM
+from debatebus import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM
 from debatebus.evaluation import (
     Ask,
     DebateArm,
@@ -109,6 +109,18 @@ async def test_the_vote_matches_the_debates_tokens_within_one_sample() -> None:
         per_sample = vote_tokens / samples  # the world's samples all cost the same
         assert vote_tokens >= debate_tokens > vote_tokens - per_sample
         assert samples == math.ceil(debate_tokens / per_sample) > debate_calls
+
+
+async def test_a_vote_matched_on_tokens_stops_at_a_sample_of_unknown_cost() -> None:
+    async def handler(payload: dict[str, Any]) -> dict[str, Any]:
+        return {"debateOutput": "5", "debateCalls": 3,
+                "debateTokenUsage": {"promptTokens": 90, "completionTokens": 10,
+                                     "totalTokens": 100}}
+
+    silent = FunctionLLM(lambda request: LLMResponse("It is 5.", usage=None))
+    arms = [HandlerArm(handler, name="h"), Vote(silent, matched_to="h", match="tokens")]
+    report = await Evaluation(arithmetic(2, seed=3), arms).run()
+    assert report.arm("vote").calls == 1  # not a loop that never reaches 100 tokens
 
 
 class Killed(BaseException):

@@ -57,7 +57,7 @@ from debatebus.llm.base import LLM
 from debatebus.presets import PRESETS
 from debatebus.redaction import redact
 
-__all__ = ["ITEMS_FILE", "add_parser", "run"]
+__all__ = ["ITEMS_FILE", "ProgressBar", "add_parser", "run"]
 
 #: Where the per-item results are stored, in ``--out``.
 ITEMS_FILE = "items.jsonl"

@@ -147,7 +147,8 @@ class Vote:
     give (by the grader's key; a tie goes to the value sampled first). Either ``k`` is fixed, or
     the vote is matched to arm ``matched_to`` on each item: as many samples as its calls, or
     (``match="tokens"``) samples until its total tokens are reached, so the vote overshoots by
-    less than one sample. A sample whose call fails counts, and has no vote."""
+    less than one sample (a sample whose tokens are unknown ends it). A sample whose call fails
+    counts, and has no vote."""
 
     kind = "vote"
 
@@ -187,18 +188,22 @@ class Vote:
 
     async def answer(self, ask: Ask) -> Answer:
         texts: list[str] = []
-        spent, samples, errors = ZERO_USAGE, 0, []
-        while self._more(ask, samples, spent):
+        errors: list[str] = []
+        spent, samples, blind = ZERO_USAGE, 0, False
+        while not blind and self._more(ask, samples, spent):
             samples += 1
             request = _request(self.system, ask.question, "sample", samples, self.max_tokens)
+            usage: TokenUsage | None
             try:
                 response = await self.llm.complete(request)
+                usage = response.usage
+                texts.append(response.text)
             except LLMError as exc:
-                spent += exc.usage or ZERO_USAGE
+                usage = exc.usage
                 errors.append(redact(str(exc)))
-                continue
-            spent += response.usage or ZERO_USAGE
-            texts.append(response.text)
+            spent += usage or ZERO_USAGE
+            # Matching tokens, a sample of unknown cost leaves nothing to count on: it ends the vote.
+            blind = self.k is None and self.match == "tokens" and not (usage and usage.total_tokens)
         if not texts:
             return Answer("", samples, spent, failed=True, error=errors[0] if errors else None)
         return Answer(majority(texts, ask.grader), samples, spent)

@@ -20,8 +20,10 @@ from debatebus.llm.base import LLM, LLMRequest, Message, model_name
 from debatebus.llm.structured import InvalidStructuredOutput, parse_structured
 
 __all__ = [
+    "JUDGE_SYSTEM",
     "ExactGrader",
     "Grader",
+    "Grading",
     "JudgeGrader",
     "NumericGrader",
     "RegexGrader",

@@ -24,7 +24,8 @@ from debatebus.evaluation.statistics import (
 )
 from debatebus.schemas.usage import TokenUsage
 
-__all__ = ["ArmSummary", "ItemResult", "Paired", "Report", "build_report"]
+__all__ = ["COLUMNS", "REPORT_FILES", "ArmSummary", "ItemResult", "Paired", "Report",
+           "build_report"]
 
 #: The files ``Report.write`` writes into a directory (the results file sits beside them).
 REPORT_FILES = {"json": "report.json", "markdown": "report.md", "svg": "accuracy-tokens.svg"}
@@ -259,8 +260,8 @@ class Report:
 
 
 _LEGEND = (
-    f"accuracy: share right, with its {CONFIDENCE:.0%} Wilson interval. vs single / vs vote: "
-    "+items only this arm got right / −items only the baseline got right, exact McNemar p "
-    "(Δ: paired bootstrap interval of the accuracy difference). calls and tokens: mean per item."
+    f"accuracy: the share of items right, with its {CONFIDENCE:.0%} Wilson interval; calls, "
+    "tokens: means per item.\nvs single, vs vote: +items only this arm got right, −items only "
+    "the baseline did; p: exact McNemar (Δ: paired bootstrap interval of the difference)."
 )
 

@@ -51,7 +51,7 @@ class ItemLog:
     flushed to disk as its item finishes. None for ``path`` keeps them in memory only."""
 
     def __init__(self, path: Path | None, fingerprint: str, *, fresh: bool = False) -> None:
-        self.path, self.fingerprint = path, fingerprint
+        self.fingerprint = fingerprint
         self.run_id = uuid.uuid4().hex[:12]
         self.done: dict[tuple[str, str], ItemResult] = {}
         self._file: IO[bytes] | None = None
