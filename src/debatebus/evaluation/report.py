@@ -114,11 +114,12 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(known) / len(known) if known and len(known) == len(values) else None
 
 
-def _paired(results: Sequence[ItemResult], baseline: str | None,
-            by_arm: Mapping[str, Sequence[ItemResult]], bootstrap: int,
-            seed: int) -> Paired | None:
-    if baseline is None or results[0].arm == baseline:
+def _paired(name: str, baseline: str | None, by_arm: Mapping[str, Sequence[ItemResult]],
+            bootstrap: int, seed: int) -> Paired | None:
+    """Arm ``name`` against ``baseline`` (None: no such baseline, or the arm is it)."""
+    if baseline is None or name == baseline:
         return None
+    results = by_arm[name]
     theirs = [r.correct for r in by_arm[baseline]]
     ours = [r.correct for r in results]
     wins = sum(a and not b for a, b in zip(ours, theirs, strict=True))
@@ -144,8 +145,8 @@ def _summary(arm: Arm, results: Sequence[ItemResult], baselines: tuple[str | Non
         percentile(latencies, 0.5), percentile(latencies, 0.95),
         sum(c for c in costs if c is not None) if None not in costs else None,
         sum(r.failed for r in results), sum(satisfied) if satisfied else None,
-        _paired(results, baselines[0], by_arm, bootstrap, seed),
-        _paired(results, baselines[1], by_arm, bootstrap, seed),
+        _paired(arm.name, baselines[0], by_arm, bootstrap, seed),
+        _paired(arm.name, baselines[1], by_arm, bootstrap, seed),
     )
 
 

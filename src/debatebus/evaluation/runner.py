@@ -2,7 +2,7 @@
 
 With a results file (JSONL) an interrupted evaluation resumes: the items and arms it finished are
 read back, not asked again (nothing is paid twice). The file starts with a header naming the
-evaluation (its fingerprint: dataset, arms, models, grader, instruction, seed); a file of another
+evaluation (its fingerprint: the items, arms, models, grader and instruction); a file of another
 evaluation is refused rather than mixed in.
 """
 
@@ -64,9 +64,8 @@ class ItemLog:
         # A new file, or one cut mid-line by a kill: written whole from what was read.
         self._file = path.open("wb")
         self._write(json.dumps({"kind": _HEADER, "fingerprint": fingerprint,
-                                "runId": self.run_id}).encode())
-        for result in self.done.values():
-            self._write(msgspec.json.encode(result))
+                                "runId": self.run_id}).encode(),
+                    *(msgspec.json.encode(result) for result in self.done.values()))
 
     def _read(self, path: Path) -> bool:
         """Load the stored results; whether the file ends whole (not cut mid-line)."""
@@ -91,9 +90,9 @@ class ItemLog:
             self.done[result.item, result.arm] = result
         return data.endswith(b"\n")
 
-    def _write(self, line: bytes) -> None:
+    def _write(self, *lines: bytes) -> None:
         assert self._file is not None
-        self._file.write(line + b"\n")
+        self._file.writelines(line + b"\n" for line in lines)
         self._file.flush()
         os.fsync(self._file.fileno())
 
