@@ -137,8 +137,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(model: Path, threads: int) -> Iterator[str]:
-    """``python -m llama_cpp.server`` on a free port; yields its base URL, stops it afterwards."""
+def llama_server(model: Path, threads: int, *options: str) -> Iterator[str]:
+    """``python -m llama_cpp.server`` on a free port (with the server's command-line ``options``);
+    yields its base URL, stops it afterwards."""
     port = _free_port()
     log = Path(tempfile.mkstemp(prefix="llama-server-", suffix=".log")[1])
     command = [
@@ -153,6 +154,7 @@ def llama_server(model: Path, threads: int) -> Iterator[str]:
         str(port),
         "--n_threads",
         str(threads),
+        *options,
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -13,8 +13,8 @@ from debatebus.engine.definition import Protocol
 from debatebus.llm.base import LLM
 from debatebus.worker import DEFAULT_GROUP, DebateBus
 
-__all__ = ["DEMO_EVENT_TYPE", "DEMO_GROUP", "DEMO_WORD_LIMITS", "app", "build_app", "build_debate",
-           "serve"]
+__all__ = ["DEMO_EVENT_TYPE", "DEMO_GROUP", "DEMO_MIN_ROUNDS", "DEMO_WORD_LIMITS", "app",
+           "build_app", "build_debate", "serve"]
 
 #: Where ``debatebus demo`` asks and answers, so that it never consumes or answers real traffic on
 #: a shared broker (``debatebus worker debatebus.demo:app`` serves ``debate:request`` on purpose).
@@ -24,6 +24,9 @@ DEMO_GROUP = "debatebus-demo"
 # Short turns keep a small model on topic (and a 3 × 2 debate with a judge fast): each limit is
 # asked for in the prompt and enforced by the call's token budget.
 DEMO_WORD_LIMITS = {"framing": 60, "opening": 60, "rebuttal": 60, "synthesis": 100}
+#: The rounds played before the judge may stop the demo: everyone opens, then everyone rebuts
+#: (a debate a judge ended after the openings had no debate in it).
+DEMO_MIN_ROUNDS = 2
 
 
 def build_debate(llm: LLM, *, judge: bool = True, rounds: int = 2,
@@ -42,6 +45,7 @@ def build_debate(llm: LLM, *, judge: bool = True, rounds: int = 2,
         judge=Judge() if judge else None,
         protocol=protocol,
         max_rounds=rounds,
+        min_rounds=min(DEMO_MIN_ROUNDS, rounds),
         word_limits=DEMO_WORD_LIMITS,
     )
 

@@ -150,7 +150,7 @@ def test_channels_operations_and_bindings() -> None:
 #: Every ``debate*`` field of a result (``schemas.results``).
 DEBATE_FIELDS = (
     "debateId", "debateOutput", "debateSynthesis", "debateRounds", "debateStatus",
-    "debateTokenUsage", "debateTranscript", "debateVerdict", "debatePhiHat", "debateSatisfied",
+    "debateTokenUsage", "debateCalls", "debateTranscript", "debateVerdict", "debatePhiHat", "debateSatisfied",
     "debateError", "debateReplayed", "debateAgents", "debateDurationMs",
     # Only when the debate started sub-debates:
     "debateSubDebates", "debateChildrenTokenUsage", "debateTotalTokenUsage",

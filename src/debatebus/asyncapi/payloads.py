@@ -97,6 +97,9 @@ class ResultPayload(msgspec.Struct, rename="camel", omit_defaults=True):
     debate_rounds: Annotated[int, Meta(ge=0, description="Rounds completed.")]
     debate_output: Annotated[str, Meta(description="The synthesis, or the last round's text.")]
     debate_token_usage: TokenUsage
+    debate_calls: Annotated[Annotated[int, Meta(ge=0)] | UnsetType, Meta(
+        description="The model calls the debate made (its own; failed ones too).",
+    )] = UNSET
     debate_error: Annotated[str | None, Meta(description="Why the debate failed.")] = None
     debate_synthesis: str | None = None
     debate_transcript: Annotated[list[Round] | UnsetType, Meta(

@@ -1,4 +1,4 @@
-"""``debatebus`` command line: worker, publish, tail, run, demo, fork (and ops commands)."""
+"""``debatebus`` command line: worker, publish, tail, run, demo, fork, eval (and ops commands)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ _COMMAND_MODULES = (
     "debatebus.cli.fork_cmd",
     "debatebus.cli.observe_cmds",
     "debatebus.cli.web_cmds",
+    "debatebus.cli.eval_cmd",
 )
 
 

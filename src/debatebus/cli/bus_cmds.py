@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import logging
 import os
@@ -13,7 +12,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from debatebus.cli.common import add_broker, broker_url, port, positive_int, seconds
+from debatebus.cli.common import (
+    add_broker,
+    broker_url,
+    load_attribute,
+    port,
+    positive_int,
+    seconds,
+)
 from debatebus.client import BusClient
 from debatebus.collector import DEFAULT_COLLECTOR
 from debatebus.exceptions import ConfigError
@@ -139,14 +145,7 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
 
 
 def load_app(spec: str) -> DebateBus:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"app must be given as module:attribute, e.g. myapp:app (got {spec!r})")
-    sys.path.insert(0, ".")
-    try:
-        target: Any = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot load {spec!r}: {exc}") from exc
+    target = load_attribute(spec, "app")
     app = target() if callable(target) and not isinstance(target, DebateBus) else target
     if not isinstance(app, DebateBus):
         raise ConfigError(f"{spec!r} is a {type(app).__name__}, not a DebateBus")

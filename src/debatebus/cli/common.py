@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
+import sys
+from typing import Any
 
+from debatebus.exceptions import ConfigError
 from debatebus.transports import DEFAULT_BROKER, broker_url
 
-__all__ = ["DEFAULT_BROKER", "add_broker", "broker_url", "port", "positive_int", "seconds"]
+__all__ = ["DEFAULT_BROKER", "add_broker", "broker_url", "load_attribute", "port", "positive_int",
+           "seconds"]
 
 
 def add_broker(parser: argparse.ArgumentParser) -> None:
@@ -50,3 +55,16 @@ def seconds(value: str) -> float:
     if not math.isfinite(number) or number <= 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, not {value!r}")
     return number
+
+
+def load_attribute(spec: str, what: str) -> Any:
+    """The attribute ``module:attribute`` names (the module imported from the working directory
+    too); ConfigError says what was wrong. ``what``: what it should be, for the messages."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"{what} must be given as module:attribute, e.g. myapp:app (got {spec!r})")
+    sys.path.insert(0, ".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {spec!r}: {exc}") from exc

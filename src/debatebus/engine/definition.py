@@ -149,6 +149,8 @@ class DebateSpec:
     ``limits`` are them merged over the protocol's defaults (in ``language``, with the synthesis
     shaped by ``synthesis_sections``). A judge with the shipped persona gets it in ``language``.
     ``on_metrics`` is called once at the end of each run with its ``DebateMetrics``.
+    ``min_rounds``: the rounds played before the stop rule (the judge's consensus, or ``until``)
+    may end the debate; ``max_rounds`` caps it (a request's ``maxRounds`` too).
     ``sub_debates`` (cross-pollination only) lets a 1b position ask a specialist panel: see
     ``debatebus.engine.subdebates`` and docs/sub-debates.md. ``prices`` (``debatebus.pricing``)
     prices its calls: its results carry ``cost`` when they price every model it used, and
@@ -163,6 +165,7 @@ class DebateSpec:
     synthesizer: Participant | None = None
     protocol: Protocol = "round-robin"
     max_rounds: int = 3
+    min_rounds: int = 1
     until: Until | None = None
     transcript_window: int | None = None
     failure_policy: FailurePolicy = "degrade"
@@ -355,6 +358,7 @@ def _validate_shape(spec: DebateSpec) -> None:
         )
     if not isinstance(spec.max_rounds, int) or spec.max_rounds < 1:
         raise ConfigError(f"max_rounds must be an integer ≥ 1, got {spec.max_rounds!r}")
+    _validate_min_rounds(spec)
     if spec.transcript_window is not None and spec.transcript_window < 1:
         raise ConfigError(
             f"transcript_window must be ≥ 1 (or None for the whole transcript), "
@@ -373,6 +377,24 @@ def _validate_shape(spec: DebateSpec) -> None:
         )
     if spec.deadline_s is not None and spec.deadline_s <= 0:
         raise ConfigError(f"deadline_s must be > 0 seconds, got {spec.deadline_s!r}")
+
+
+def _validate_min_rounds(spec: DebateSpec) -> None:
+    if not isinstance(spec.min_rounds, int) or spec.min_rounds < 1:
+        raise ConfigError(f"min_rounds must be an integer ≥ 1, got {spec.min_rounds!r}")
+    if spec.min_rounds > spec.max_rounds:
+        raise ConfigError(
+            f"min_rounds={spec.min_rounds} is over max_rounds={spec.max_rounds}: the stop rule "
+            "could never be asked; lower min_rounds or raise max_rounds"
+        )
+    # Imported here: the protocol builds on this module.
+    from debatebus.engine.cross_pollination import ROUNDS
+
+    if spec.protocol == "cross-pollination" and spec.min_rounds > ROUNDS:
+        raise ConfigError(
+            f"cross-pollination plays {ROUNDS} rounds (positions, then revisions), so "
+            f"min_rounds={spec.min_rounds} could never be met: pass min_rounds ≤ {ROUNDS}"
+        )
 
 
 def _validate_llms(spec: DebateSpec) -> None:

@@ -1,9 +1,9 @@
 """A stable hash of what a debate *is*, recorded in checkpoints to detect drift on resume.
 
 It covers the name, participants (names, system prompts, utilities, model names; a person's event
-type), roles, string prompts, protocol, PROTOCOL_VERSION, round cap, window, word limits and the
-judge schema. Callables
-(``until``, callable prompts) count by qualified name only: their bodies can't be hashed stably.
+type), roles, string prompts, protocol, PROTOCOL_VERSION, round cap and minimum, window, word
+limits and the judge schema. Callables (``until``, callable prompts) count by qualified name only:
+their bodies can't be hashed stably.
 """
 
 from __future__ import annotations
@@ -80,5 +80,7 @@ def definition_hash(spec: DebateSpec) -> str:
         "until": _callable_name(spec.until) if spec.until else None,
         "failurePolicy": spec.failure_policy,
     }
+    if spec.min_rounds != 1:  # absent at the default: the hashes of debates without it stand
+        document["minRounds"] = spec.min_rounds
     encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(encoded.encode()).hexdigest()[:16]

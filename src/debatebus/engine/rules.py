@@ -3,9 +3,11 @@ functions of values."""
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -27,6 +29,7 @@ __all__ = [
     "check_budget",
     "consensus_reached",
     "debate_cost",
+    "empty_verdict",
     "first_and_last_texts",
     "latest_verdict",
     "output_of",
@@ -122,15 +125,55 @@ def require_a_survivor(turns: Sequence[Turn], number: int, phase: str) -> None:
 def stop_reached(
     spec: DebateSpec, rounds: Sequence[Round], state: Callable[[], DebateState]
 ) -> bool:
-    """``until`` when given (the state is only built then), else the judge's consensus flag on
-    the latest verdict; never without either."""
+    """``until`` when given (the state is only built then), else the judge's consensus on the
+    latest verdict; never without either, and never before ``min_rounds`` rounds were played."""
+    if not rounds or rounds[-1].number < spec.min_rounds:
+        return False
     if spec.until is not None:
         return bool(spec.until(state()))
     return spec.judge is not None and consensus_reached(latest_verdict(rounds))
 
 
-def consensus_reached(verdict: object) -> bool:
-    return getattr(verdict, "consensus", False) is True
+def consensus_reached(verdict: BaseModel | None) -> bool:
+    """The verdict's ``consensus`` flag, unless its summary says nothing (``empty_verdict``)."""
+    return (verdict is not None and getattr(verdict, "consensus", False) is True
+            and not empty_verdict(verdict))
+
+
+def empty_verdict(verdict: BaseModel) -> bool:
+    """A verdict whose ``summary`` is empty or only repeats its schema's own text (its title,
+    description or field names, which the judge model was shown): a small model that copied them
+    ruled nothing. A schema without a string ``summary`` is never empty."""
+    summary = getattr(verdict, "summary", None)
+    if not isinstance(summary, str):
+        return False
+    said = _plain(summary)
+    return not said or said in _schema_texts(type(verdict))
+
+
+def _plain(text: str) -> str:
+    """``text`` compared loosely: case, spacing, quotes and end punctuation ignored."""
+    return " ".join(re.sub(r"[\"'`‘’“”.!?:;,*_()\[\]{}-]+", " ", text).split()).casefold()
+
+
+@functools.lru_cache(maxsize=64)
+def _schema_texts(schema: type[BaseModel]) -> frozenset[str]:
+    """The texts of ``schema``'s JSON schema (titles, descriptions, property names), as the
+    judge model was shown them, compared loosely."""
+    return frozenset(_plain(text) for text in _texts_in(schema.model_json_schema()))
+
+
+def _texts_in(node: Any) -> Iterator[str]:
+    if isinstance(node, list):
+        for item in node:
+            yield from _texts_in(item)
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("title", "description") and isinstance(value, str):
+                yield value
+            elif key == "properties" and isinstance(value, dict):
+                yield from value
+            yield from _texts_in(value)
 
 
 def latest_verdict(rounds: Sequence[Round]) -> BaseModel | None:

@@ -38,7 +38,7 @@ RESULT_EXPIRED = "debateResultExpired"
 #: off as its own.
 RESULT_FIELDS: frozenset[str] = frozenset({
     "debateId", "debateOutput", "debateSynthesis", "debateRounds", "debateStatus",
-    "debateTokenUsage", "debateTranscript", "debateVerdict", "debatePhiHat", "debateAgents",
+    "debateTokenUsage", "debateCalls", "debateTranscript", "debateVerdict", "debatePhiHat", "debateAgents",
     "debateDurationMs", "debateSatisfied", "debateError", "debateReplayed", "debateRetryable",
     "debateResumedFromRound", "debateSubDebates", "debateChildrenTokenUsage",
     "debateTotalTokenUsage", RESULT_EXPIRED, "debatePayloadTruncated", "debateCost",
@@ -113,6 +113,7 @@ def result_fields(result: DebateResult) -> dict[str, Any]:
         "debateRounds": len(result.rounds),
         "debateStatus": result.status,
         "debateTokenUsage": _usage(result.token_usage),
+        "debateCalls": result.calls,
         "debateTranscript": to_builtins(result.rounds),
         "debateVerdict": to_builtins(result.verdict),
         "debatePhiHat": metrics.phi_hat,
