@@ -27,6 +27,8 @@ from debatebus.evaluation import (
     wilson_interval,
 )
 from debatebus.exceptions import ConfigError, LLMError
+from debatebus.llm.base import model_name
+from debatebus.pricing import Price, Prices
 
 LATENCY = ("latency_p50_s", "latency_p95_s")
 
@@ -275,3 +277,21 @@ async def test_the_report_is_written_as_json_markdown_and_svg(tmp_path: Path) ->
     assert heights["debate"] < heights["vote"] < heights["single"]
     table = report.table()
     assert table.splitlines()[0].split()[:3] == ["arm", "accuracy", "95%"]
+
+
+async def test_with_prices_each_arm_says_what_it_cost() -> None:
+    """Cost per arm: single and vote priced from their usage, computed by hand here; an arm
+    without prices says nothing rather than guess."""
+    llm = world_llm()
+    prices = Prices({model_name(llm): Price(input=2.0, cached_input=0.2, cache_write=2.5,
+                                            output=8.0)})
+    report = await Evaluation(DATASET, [Single(llm, prices=prices), Vote(llm, k=3, prices=prices),
+                                        Single(llm, name="unpriced")]).run()
+    summaries = {s.name: s for s in report.arms}
+    for arm in ("single", "vote"):
+        summary = summaries[arm]
+        usage_cost = sum(((r.prompt_tokens or 0) * 2.0 + (r.completion_tokens or 0) * 8.0) / 1e6
+                         for r in report.results[arm])
+        assert summary.cost is not None and math.isclose(summary.cost, usage_cost), arm
+        assert summary.cost > 0
+    assert summaries["unpriced"].cost is None

@@ -31,6 +31,7 @@ from debatebus.evaluation.graders import Grader
 from debatebus.exceptions import ConfigError, LLMError
 from debatebus.handlers.results import result_fields
 from debatebus.llm.base import LLM, LLMRequest, Message, model_name
+from debatebus.pricing import Prices
 from debatebus.redaction import redact
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
@@ -119,15 +120,23 @@ def _request(system: str, question: str, purpose: str, number: int,
                       number)
 
 
+def _priced(prices: Prices | None, llm: LLM, usage: TokenUsage | None) -> float | None:
+    """What ``usage`` of ``llm`` cost at ``prices``; None when unknown (no price: never a guess)."""
+    if prices is None or usage is None:
+        return None
+    return prices.cost(model_name(llm), usage)
+
+
 class Single:
-    """One call to ``llm``; its text is the answer."""
+    """One call to ``llm``; its text is the answer. With ``prices``, its cost too."""
 
     kind = "single"
     matched_to = None
 
     def __init__(self, llm: LLM, *, name: str = "single", system: str = DEFAULT_SYSTEM,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, prices: Prices | None = None) -> None:
         self.llm, self.name, self.system, self.max_tokens = llm, name, system, max_tokens
+        self.prices = prices
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": model_name(self.llm), "system": self.system,
@@ -138,8 +147,10 @@ class Single:
         try:
             response = await self.llm.complete(request)
         except LLMError as exc:
-            return Answer("", 1, exc.usage, failed=True, error=redact(str(exc)))
-        return Answer(response.text, 1, response.usage or ZERO_USAGE)
+            return Answer("", 1, exc.usage, _priced(self.prices, self.llm, exc.usage),
+                          failed=True, error=redact(str(exc)))
+        return Answer(response.text, 1, response.usage or ZERO_USAGE,
+                      _priced(self.prices, self.llm, response.usage))
 
 
 class Vote:
@@ -148,13 +159,13 @@ class Vote:
     the vote is matched to arm ``matched_to`` on each item: as many samples as its calls, or
     (``match="tokens"``) samples until its total tokens are reached, so the vote overshoots by
     less than one sample (a sample whose tokens are unknown ends it). A sample whose call fails
-    counts, and has no vote."""
+    counts, and has no vote. With ``prices``, its cost too."""
 
     kind = "vote"
 
     def __init__(self, llm: LLM, *, k: int | None = None, matched_to: str | None = None,
                  match: Match = "calls", name: str = "vote", system: str = DEFAULT_SYSTEM,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, prices: Prices | None = None) -> None:
         if (k is None) == (matched_to is None):
             raise ConfigError("Vote needs either k= (a fixed number of samples) or matched_to= "
                               "(the arm whose calls or tokens it matches), not both or neither")
@@ -164,6 +175,7 @@ class Vote:
             raise ConfigError(f"Vote matches 'calls' or 'tokens', not {match!r}")
         self.llm, self.k, self.matched_to, self.match = llm, k, matched_to, match
         self.name, self.system, self.max_tokens = name, system, max_tokens
+        self.prices = prices
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "model": model_name(self.llm), "system": self.system,
@@ -204,9 +216,11 @@ class Vote:
             spent += usage or ZERO_USAGE
             # Matching tokens, a sample of unknown cost leaves nothing to count on: it ends the vote.
             blind = self.k is None and self.match == "tokens" and not (usage and usage.total_tokens)
+        cost = _priced(self.prices, self.llm, spent)
         if not texts:
-            return Answer("", samples, spent, failed=True, error=errors[0] if errors else None)
-        return Answer(majority(texts, ask.grader), samples, spent)
+            return Answer("", samples, spent, cost, failed=True,
+                          error=errors[0] if errors else None)
+        return Answer(majority(texts, ask.grader), samples, spent, cost)
 
 
 def _unknown(arm: str | None, what: str, field: str) -> str:
