@@ -18,7 +18,7 @@ from debatebus.engine.outcome import Outcome
 from debatebus.engine.result import DebateResult, Progress, Status
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
-from debatebus.engine.run import EventTypes, OnCommit, OnEvent, Run
+from debatebus.engine.run import EventTypes, OnCommit, OnEvent, OnText, Run
 from debatebus.engine.steps import emit_phi, finish, synthesize
 from debatebus.engine.subdebates import ChildRunner, InProcessChildren, SubDebateSession
 from debatebus.engine.transcript import Turn
@@ -104,16 +104,21 @@ class Debate(DebateSpec):
         children: ChildRunner | None = None,
         depth: int = 0,
         event_types: EventTypes = None,
+        on_text: OnText | None = None,
     ) -> DebateResult:
         """Run the debate to its end. Never raises for model failures: a failed debate returns
         ``status="failed"`` with its partial transcript and every token spent.
+
+        ``on_text`` streams each free-text call (turns, framing, synthesis) as the model writes
+        it: ``on_text(TurnKey)`` is asked for where the call's text goes (a ``TurnText``; see
+        ``debatebus.engine.run``). Sub-debates run in this process are not streamed.
 
         With ``sub_debates``, ``children`` runs the sub-debates a position asks for (default: in
         this process, ``InProcessChildren``; a bus handler passes one that publishes them);
         ``depth`` is this run's own (0 at the top; a sub-debate's events carry it).
         ``event_types``: the kinds of event ``on_event`` takes (None: all); no other is built."""
         run, session = self._start(question, debate_id, on_event, max_rounds, resume, on_commit,
-                                   request_id, children, depth, event_types)
+                                   request_id, children, depth, event_types, on_text)
         await run.emit(
             ev.DebateStarted,
             question=question,
@@ -155,7 +160,8 @@ class Debate(DebateSpec):
     def _start(self, question: str, debate_id: str | None, on_event: OnEvent | None,
                max_rounds: int | None, resume: Progress | None, on_commit: OnCommit | None,
                request_id: str | None, children: ChildRunner | None,
-               depth: int, event_types: EventTypes) -> tuple[Run, SubDebateSession | None]:
+               depth: int, event_types: EventTypes,
+               on_text: OnText | None) -> tuple[Run, SubDebateSession | None]:
         """``run``'s arguments, checked: the new run and its sub-debate session, if any."""
         if not isinstance(question, str):
             raise ConfigError(f"the question must be a string, got {type(question).__name__}")
@@ -173,6 +179,7 @@ class Debate(DebateSpec):
             request_id=request_id,
             max_rounds=max_rounds,
             event_types=event_types,
+            on_text=on_text,
         )
         if resume is not None:  # Run copies the committed rounds; the children go with them
             run.progress.sub_debates = list(resume.sub_debates)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant, fixed_fields
 from debatebus.engine.result import DebateState, Progress
@@ -25,12 +26,45 @@ from debatebus.llm.base import LLMRequest
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
-__all__ = ["EventTypes", "OnCommit", "OnEvent", "Run"]
+__all__ = ["EventTypes", "OnCommit", "OnEvent", "OnText", "Run", "TurnKey", "TurnText"]
 
 OnEvent = Callable[[ev.DebateEvent], Awaitable[None] | None]
 #: The kinds of event an ``OnEvent`` takes: the run builds no other. None: every kind.
 EventTypes = frozenset[type[ev.DebateEvent]] | None
 OnCommit = Callable[[Progress, Turn | Round], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnKey:
+    """Which turn a text is written for: its round (0: the framing), speaker and purpose
+    (``opening``, ``framing``, ``synthesis``…)."""
+
+    round: int
+    speaker: str
+    purpose: str
+
+
+class TurnText(Protocol):
+    """Where the text of one turn goes while the model writes it (``OnText``).
+
+    ``write`` gets each piece of the model's answer as it arrives, raw (the transcript keeps it
+    cleaned: cut where another speaker starts, within the phase's word limit); ``commit`` gets
+    the turn's text as the transcript keeps it ("" for a failed turn), before the turn is
+    reported, and ends it; ``discard`` ends it without a text of its own (the debate stopped
+    there, or the turn is asked again: the new answer comes to a new ``TurnText``). Only the
+    first of ``commit`` and ``discard`` counts."""
+
+    def write(self, piece: str) -> None: ...
+
+    async def commit(self, text: str) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+#: Given to a run, it streams its free-text calls (turns, framing, synthesis; a judge's
+#: structured answer is never streamed): each call's answer goes to the ``TurnText`` this
+#: returns for its turn, as the model writes it.
+OnText = Callable[[TurnKey], TurnText]
 
 
 class Run:
@@ -40,8 +74,8 @@ class Run:
     its own state only (the transcript once, as turns; prompts are rendered from it per call),
     and reads everything its debate fixes from the spec."""
 
-    __slots__ = ("debate_id", "event_types", "max_rounds", "on_commit", "on_event", "progress",
-                 "question", "request_id", "resumed_from", "seq", "spec", "started")
+    __slots__ = ("debate_id", "event_types", "max_rounds", "on_commit", "on_event", "on_text",
+                 "progress", "question", "request_id", "resumed_from", "seq", "spec", "started")
 
     def __init__(
         self,
@@ -55,6 +89,7 @@ class Run:
         request_id: str | None = None,
         max_rounds: int | None = None,
         event_types: EventTypes = None,
+        on_text: OnText | None = None,
     ) -> None:
         self.spec = spec
         self.question = question
@@ -63,6 +98,7 @@ class Run:
         self.on_event = on_event
         self.event_types = event_types
         self.on_commit = on_commit
+        self.on_text = on_text
         self.progress = (
             Progress(resume.framing, list(resume.rounds), resume.usage, resume.calls)
             if resume

@@ -46,7 +46,7 @@ from debatebus.backoff import Backoff
 from debatebus.checkpoints.base import CheckpointStore, Counters, Opening, retention_kw
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import DebateResult, Progress
-from debatebus.engine.run import EventTypes, OnEvent
+from debatebus.engine.run import EventTypes, OnEvent, OnText
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import CheckpointMissingError, LeaseLostError, TransportError
@@ -66,6 +66,7 @@ from debatebus.handlers.checkpointing import (
 from debatebus.handlers.children import BusChildren
 from debatebus.handlers.leases import LeaseKeeper
 from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, result_fields
+from debatebus.handlers.streaming import TurnStreams
 from debatebus.loops import PerLoop
 from debatebus.schemas.envelope import now_iso
 
@@ -142,10 +143,12 @@ class DurableRunner:
 
     async def run(self, ask: Ask, on_event: OnEvent | None,
                   children: BusChildren | None = None,
-                  event_types: EventTypes = None) -> dict[str, Any]:
+                  event_types: EventTypes = None,
+                  streams: TurnStreams | None = None) -> dict[str, Any]:
         """The debate's result fields: stored, or from a run (resumed from its checkpoint).
         ``children`` (on a bus) publishes its sub-debates, committing each before publishing;
-        ``event_types``: the kinds of event ``on_event`` takes (None: all)."""
+        ``event_types``: the kinds of event ``on_event`` takes (None: all); ``streams``: where
+        its turns stream to while they are written (None: they are not streamed)."""
         key, owner = ask.key, self.run_owner()
         header = self._header(ask)
         encoded = encode_header(header)
@@ -158,12 +161,17 @@ class DurableRunner:
         try:
             progress = self._restore(ask, header, encoded, opening)
             expired = opening.expired
+            started_before = opening.header is not None and opening.header != encoded
             del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
                 return failure_fields(ask.debate_id, progress)
             commits = _Commits(self, ask, progress)
+            on_text = None if streams is None else streams.for_run(
+                started_before=started_before,
+                committed_rounds=len(progress.rounds) if progress is not None else 0)
             try:
-                ran = await self._run_leased(ask, owner, on_event, event_types, commits, children)
+                ran = await self._run_leased(ask, owner, on_event, event_types, commits, children,
+                                             on_text)
             except BaseException:
                 await commits.close(superseded=False)
                 raise
@@ -257,7 +265,7 @@ class DurableRunner:
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           event_types: EventTypes, commits: _Commits,
-                          children: BusChildren | None) -> DebateResult:
+                          children: BusChildren | None, on_text: OnText | None) -> DebateResult:
         """The debate's run under its lease; it returns holding a finishing slot, waited for
         while the lease is still renewed (the caller releases it once the result is stored)."""
         debate_id = ask.debate_id
@@ -272,7 +280,7 @@ class DurableRunner:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
-                children=children, depth=ask.depth, event_types=event_types)
+                children=children, depth=ask.depth, event_types=event_types, on_text=on_text)
             await self._finishing.get().acquire()
         except asyncio.CancelledError:
             if self.keeper.untrack(owner):

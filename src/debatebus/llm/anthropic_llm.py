@@ -19,7 +19,13 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from debatebus.exceptions import ConfigError, LLMResponseError
 from debatebus.llm.base import LLMRequest
-from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
+from debatebus.llm.provider import (
+    DETAIL_LIMIT,
+    SDKProvider,
+    SDKStream,
+    api_key_or_placeholder,
+    key_hint,
+)
 from debatebus.llm.retry import (
     DEFAULT_TIMEOUT,
     DEFAULT_TOTAL_TIMEOUT,
@@ -56,15 +62,50 @@ def _messages(request: LLMRequest) -> list[MessageParam]:
 
 def _usage(message: Any) -> TokenUsage | None:
     usage = getattr(message, "usage", None)
-    prompt = getattr(usage, "input_tokens", None)
+    prompt = _input_tokens(usage)
     answer = getattr(usage, "output_tokens", None)
-    if not isinstance(prompt, int) or not isinstance(answer, int):
+    if prompt is None or not isinstance(answer, int):
+        return None
+    return TokenUsage.of(prompt, answer)
+
+
+def _input_tokens(usage: Any) -> int | None:
+    prompt = getattr(usage, "input_tokens", None)
+    if not isinstance(prompt, int):
         return None
     # Cached input is still input the prompt carried (and is billed, at another rate).
     for name in ("cache_creation_input_tokens", "cache_read_input_tokens"):
         cached = getattr(usage, name, None)
         prompt += cached if isinstance(cached, int) else 0
-    return TokenUsage.of(prompt, answer)
+    return prompt
+
+
+class _EventReader:
+    """A streamed message's events: the text of its text deltas, the input tokens its start
+    reports and the output tokens its last ``message_delta`` counts."""
+
+    __slots__ = ("_input", "_output")
+
+    def __init__(self) -> None:
+        self._input: int | None = None
+        self._output: int | None = None
+
+    def feed(self, event: Any) -> str:
+        kind = event.type
+        if kind == "content_block_delta":
+            return event.delta.text if event.delta.type == "text_delta" else ""
+        if kind == "message_start":
+            self._input = _input_tokens(event.message.usage)
+            self._output = getattr(event.message.usage, "output_tokens", None)
+        elif kind == "message_delta":
+            self._output = getattr(event.usage, "output_tokens", self._output)
+        return ""
+
+    @property
+    def usage(self) -> TokenUsage | None:
+        if self._input is None or not isinstance(self._output, int):
+            return None
+        return TokenUsage.of(self._input, self._output)
 
 
 def _to_completion(message: Any, model: str) -> Completion:
@@ -136,22 +177,32 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
         self._max_tokens = max_tokens
         self._temperature = temperature
 
-    async def _send(self, request: LLMRequest) -> Completion:
+    def _params(self, request: LLMRequest) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if self._temperature is not None:
             extra["temperature"] = self._temperature
-        messages = _messages(request)
-        max_tokens = request.max_tokens or self._max_tokens
+        return {
+            "model": self._model,
+            "max_tokens": request.max_tokens or self._max_tokens,
+            "messages": _messages(request),
+            "system": request.system or anthropic.omit,
+            "stop_sequences": list(request.stop) or anthropic.omit,
+            "extra_body": extra or None,
+        }
+
+    async def _send(self, request: LLMRequest) -> Completion:
+        params = self._params(request)
 
         async def attempt() -> Completion:
-            message = await self._client.messages.create(
-                model=self._model,
-                max_tokens=max_tokens,
-                messages=messages,
-                system=request.system or anthropic.omit,
-                stop_sequences=list(request.stop) or anthropic.omit,
-                extra_body=extra or None,
-            )
+            message = await self._client.messages.create(**params)
             return _to_completion(message, self._model)
 
         return await self._with_retries(attempt)
+
+    async def _open_stream(self, request: LLMRequest) -> SDKStream:
+        stream: SDKStream = await self._client.messages.create(**self._params(request),
+                                                                stream=True)
+        return stream
+
+    def _stream_reader(self) -> _EventReader:
+        return _EventReader()

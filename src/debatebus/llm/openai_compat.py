@@ -28,7 +28,13 @@ from pydantic import BaseModel
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest
-from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
+from debatebus.llm.provider import (
+    DETAIL_LIMIT,
+    SDKProvider,
+    SDKStream,
+    api_key_or_placeholder,
+    key_hint,
+)
 from debatebus.llm.retry import (
     DEFAULT_TIMEOUT,
     DEFAULT_TOTAL_TIMEOUT,
@@ -198,6 +204,24 @@ def _to_completion(completion: Any, model: str) -> Completion:
     return Completion(content or "", _usage(completion), completion)
 
 
+class _ChunkReader:
+    """A streamed chat completion's chunks: each one's text, and the usage the last reports
+    (``stream_options.include_usage``; a server that ignores it reports none)."""
+
+    __slots__ = ("usage",)
+
+    def __init__(self) -> None:
+        self.usage: TokenUsage | None = None
+
+    def feed(self, chunk: Any) -> str:
+        if chunk.usage is not None:
+            self.usage = _usage(chunk)
+        if not chunk.choices:
+            return ""
+        content = chunk.choices[0].delta.content
+        return content if isinstance(content, str) else ""
+
+
 class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
     """A model behind an OpenAI-compatible Chat Completions endpoint.
 
@@ -310,3 +334,12 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         return await self._with_retries(
             attempt, self._classify if response_format is None else self._classify_structured
         )
+
+    async def _open_stream(self, request: LLMRequest) -> SDKStream:
+        stream: SDKStream = await self._client.chat.completions.create(
+            model=self._model, messages=_messages(request), stream=True,
+            stream_options={"include_usage": True}, **self._params(request))
+        return stream
+
+    def _stream_reader(self) -> _ChunkReader:
+        return _ChunkReader()

@@ -2,19 +2,22 @@
 
 Every provider sends through the same retry policy and redaction (``retry.py``), is blocked the
 same way from paid endpoints when requests are disallowed, and validates structured answers the
-same way (``structured.py``). This module imports no SDK: loading one provider must not load the
-other's.
+same way (``structured.py``). They stream the same way too (``stream``): the SDK's stream opened
+under the retry policy, then read event by event, an error once text has come being final. This
+module imports no SDK: loading one provider must not load the other's.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.exceptions import LLMError, LLMTimeoutError
+from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece
 from debatebus.llm.retry import (
     Classifier,
     ProviderFailure,
@@ -25,8 +28,10 @@ from debatebus.llm.retry import (
 from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
 from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
 from debatebus.redaction import redact, url_secrets
+from debatebus.schemas.usage import TokenUsage
 
-__all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "api_key_or_placeholder", "key_hint"]
+__all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "SDKStream", "StreamReader",
+           "api_key_or_placeholder", "key_hint"]
 
 # Local servers ignore the key, but the SDKs refuse to start without one.
 _PLACEHOLDER_KEY = "not-needed"
@@ -66,7 +71,24 @@ class _Client(Protocol):
 ClientT = TypeVar("ClientT", bound=_Client)
 
 
-class SDKProvider(abc.ABC, Generic[ClientT]):
+class SDKStream(Protocol):
+    """An SDK's stream of server-sent events (openai's and anthropic's ``AsyncStream``)."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    async def close(self) -> None: ...
+
+
+class StreamReader(Protocol):
+    """Reads one call's stream events: the text each adds, and the usage they reported."""
+
+    def feed(self, event: Any) -> str: ...
+
+    @property
+    def usage(self) -> TokenUsage | None: ...
+
+
+class SDKProvider(LLM, abc.ABC, Generic[ClientT]):
     """A model behind an SDK client. Subclasses build the client and implement ``_send``.
 
     The SDK's own retries must be off (``max_retries=0``) so that ``retry_policy`` — or the one
@@ -121,9 +143,68 @@ class SDKProvider(abc.ABC, Generic[ClientT]):
             request, self._send_structured, model=self._model, redact=self._redact
         )
 
+    def stream(self, request: LLMRequest) -> LLMStream:
+        """The answer as the server writes it. A request with a ``response_schema`` is answered
+        by ``complete`` in one piece: structured output is checked (and repaired) whole."""
+        if request.response_schema is not None:
+            return super().stream(request)
+        return LLMStream(self._streamed(request))
+
+    async def _streamed(self, request: LLMRequest) -> AsyncGenerator[Piece, None]:
+        """Open the SDK's stream under the retry policy (a call the server refuses, or cannot be
+        reached for, is retried like ``complete``'s), then hand on its text; a failure once the
+        stream is open is final: its text may have been handed on already. The
+        whole call stays within ``total_timeout``; the SDK's read timeout bounds each wait."""
+        check_model_requests_allowed(self._model, self._base_url)
+        total = self._policy.total_timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if total is None else loop.time() + total
+        events: SDKStream = await call_with_retries(
+            lambda: self._open_stream(request), model=self._model, policy=self._policy,
+            classify=self._classify, redactor=self._redact)
+        reader = self._stream_reader()
+        parts: list[str] = []
+        try:
+            async for event in events:
+                text = reader.feed(event)
+                if text:
+                    parts.append(text)
+                    yield text
+                if deadline is not None and loop.time() > deadline:
+                    raise LLMTimeoutError(f"{self._model}: the answer was still being written "
+                                          f"after total_timeout={total:g}s")
+        except LLMError as exc:
+            self._redact.scrub(exc)
+            raise
+        except Exception as exc:
+            raise self._broken_off(exc) from exc
+        finally:
+            await events.close()
+        yield LLMResponse("".join(parts), None, reader.usage, self._model)
+
+    def _broken_off(self, exc: Exception) -> LLMError:
+        """What a failure while the answer streamed is raised as: the SDK's error as
+        ``complete`` maps it, or (the connection broke: the SDK passes its HTTP client's errors
+        on as they are) an ``LLMError`` saying so; secrets masked."""
+        failure = self._classify(exc)
+        error = failure.error if failure is not None else LLMError(
+            f"{self._model}: the answer's stream from {self._shown_url} broke off: "
+            f"{type(exc).__name__}: {exc}")
+        error.args = (self._redact(str(error)),)
+        self._redact.scrub(exc)
+        return error
+
     @abc.abstractmethod
     async def _send(self, request: LLMRequest) -> Completion:
         """One request as the SDK call, retried through ``_with_retries``."""
+
+    @abc.abstractmethod
+    async def _open_stream(self, request: LLMRequest) -> SDKStream:
+        """One request as the SDK's streaming call, opened (retried by ``stream``)."""
+
+    @abc.abstractmethod
+    def _stream_reader(self) -> StreamReader:
+        """A reader for one streaming call's events."""
 
     async def _send_structured(self, request: LLMRequest) -> Completion:
         # The schema in the system prompt works on every model and every compatible proxy;

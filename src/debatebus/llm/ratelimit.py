@@ -21,11 +21,11 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from debatebus.exceptions import ConfigError, LLMError, TransportError
-from debatebus.llm.base import LLM, LLMRequest, LLMResponse, model_name
+from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece, model_name
 from debatebus.llm.retry import reporting_rate_limits
 from debatebus.loops import PerLoop
 from debatebus.schemas.usage import TokenUsage
@@ -262,10 +262,11 @@ def estimate_tokens(request: LLMRequest, *, default_max_tokens: int,
     return math.ceil(chars / chars_per_token) + (request.max_tokens or default_max_tokens)
 
 
-class RateLimitedLLM:
+class RateLimitedLLM(LLM):
     """``llm`` behind ``limiter``: every call waits for one request and its estimated tokens
     (``estimate_tokens``), is corrected with the response's usage, and holds a ``max_concurrent``
-    slot while it runs. A provider's 429 with a Retry-After pauses every caller of the limiter.
+    slot while it runs (a streamed one, until its stream ends). A provider's 429 with a
+    Retry-After pauses every caller of the limiter.
 
     ``default_max_tokens`` is the answer length assumed for requests without ``max_tokens``."""
 
@@ -304,6 +305,30 @@ class RateLimitedLLM:
             raise
         finally:
             # Unknown usage (no usage reported, a timeout) keeps the estimate charged.
+            await self._finish(permit, estimate if usage is None else usage.total_tokens)
+
+    def stream(self, request: LLMRequest) -> LLMStream:
+        return LLMStream(self._streamed(request))
+
+    async def _streamed(self, request: LLMRequest) -> AsyncGenerator[Piece, None]:
+        """``complete``'s accounting around the wrapped model's stream."""
+        estimate = estimate_tokens(request, default_max_tokens=self._default_max_tokens,
+                                   chars_per_token=self._chars_per_token)
+        permit = await self._limiter.acquire(tokens=estimate)
+        usage: TokenUsage | None = None
+        try:
+            with reporting_rate_limits(self._pause_fleet):
+                async with self._llm.stream(request) as pieces:
+                    async for piece in pieces:
+                        yield piece
+            response = pieces.response
+            assert response is not None  # the stream ended
+            usage = response.usage
+            yield response
+        except LLMError as exc:
+            usage = exc.usage
+            raise
+        finally:
             await self._finish(permit, estimate if usage is None else usage.total_tokens)
 
     async def _finish(self, permit: Permit, tokens: int) -> None:
