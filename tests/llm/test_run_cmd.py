@@ -136,8 +136,18 @@ class RecordingScreen:
     def heading(self, text: str) -> None:
         self.lines.append(text)
 
-    def speech(self, speaker: str, colour: str, meta: str, text: str) -> None:
+    def speech(self, speaker: str, colour: str, meta: str, text: str,
+               typed: str | None = None) -> None:
         self.lines.append(f"{speaker}|{colour}|{text}")
+
+    def typing(self, speaker: str, colour: str, what: str) -> None:
+        self.lines.append(f"typing {speaker} {what}")
+
+    def more(self, piece: str) -> None:
+        self.lines.append(f"+{piece}")
+
+    def typed(self) -> None:
+        self.lines.append("typed")
 
     def note(self, text: str) -> None:
         self.lines.append(text)
