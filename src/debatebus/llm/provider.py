@@ -184,13 +184,13 @@ class SDKProvider(LLM, abc.ABC, Generic[ClientT]):
 
     def _broken_off(self, exc: Exception) -> LLMError:
         """What a failure while the answer streamed is raised as: the SDK's error as
-        ``complete`` maps it, or (the connection broke: the SDK passes its HTTP client's errors
-        on as they are) an ``LLMError`` saying so; secrets masked."""
+        ``complete`` maps it (its class kept: a rate limit stays one), or an ``LLMError`` for
+        one the SDK passes on unmapped, said to have broken the stream off; secrets masked."""
         failure = self._classify(exc)
-        error = failure.error if failure is not None else LLMError(
-            f"{self._model}: the answer's stream from {self._shown_url} broke off: "
-            f"{type(exc).__name__}: {exc}")
-        error.args = (self._redact(str(error)),)
+        error = failure.error if failure is not None else LLMError(f"{type(exc).__name__}: {exc}")
+        said = str(error).removeprefix(f"{self._model}: ")
+        error.args = (self._redact(f"{self._model}: the answer's stream from {self._shown_url} "
+                                   f"broke off: {said}"),)
         self._redact.scrub(exc)
         return error
 
