@@ -22,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-from debatebus.engine.run import TurnKey, TurnText
+from debatebus.engine.run import TurnKey
 from debatebus.exceptions import ConfigError
 from debatebus.schemas.events import TurnDelta
 
@@ -80,7 +80,7 @@ class TurnStreams:
                                   else committed_rounds + 2)
         return self
 
-    def __call__(self, key: TurnKey) -> TurnText:
+    def __call__(self, key: TurnKey) -> TurnDeltas:
         rerun = self.rerun_through is not None and key.round <= self.rerun_through
         return TurnDeltas(self, key, rerun)
 
