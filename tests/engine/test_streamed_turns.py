@@ -85,7 +85,7 @@ async def test_every_free_text_call_is_streamed_and_committed_before_it_is_repor
     assert recorder.committed()[TurnKey(2, "moderator", "synthesis")] == result.synthesis
     # Each commit comes right before the event reporting its turn.
     reported = (ev.TurnCompleted, ev.FramingCompleted, ev.SynthesisCompleted)
-    for at, (what, item) in enumerate(recorder.log):
+    for at, (what, _) in enumerate(recorder.log):
         if what == "commit":
             after = recorder.log[at + 1]
             assert after[0] == "event" and isinstance(after[1], reported), recorder.log[at:at + 2]

@@ -136,9 +136,13 @@ async def test_openai_stream_broken_off_is_an_llm_error_and_not_retried(
         fake_api: FakeAPI) -> None:
     fake_api.plan(Reply(stream=chat_chunks(PIECES), break_off=True))
     got: list[str] = []
-    with pytest.raises(LLMError, match="fake-model: the answer's stream from .* broke off"):
+
+    async def read_all() -> None:
         async for piece in openai_llm(fake_api).stream(REQUEST):
             got.append(piece)
+
+    with pytest.raises(LLMError, match=r"fake-model: the answer's stream from .* broke off"):
+        await read_all()
     assert got == PIECES[:4]  # what came before the break was handed on
     assert len(fake_api.requests) == 1
 
