@@ -100,7 +100,7 @@ class DebateRecord:
             "turns": self.turns, "tokens": self.tokens, "phiHat": self.phi_hat,
             "phiLevel": self.phi_level, "verdict": self.verdict, "error": self.error,
             "startedAt": self.started_at, "updatedAt": self.updated_at,
-            "events": len(self.events), "truncated": self.truncated,
+            "events": len(self.events), "truncated": self.truncated, "typing": len(self.typing),
         }
 
 
