@@ -151,13 +151,16 @@ class RequestStream:
         self._closed = False
 
     async def _read(self) -> None:
-        async for delivery in self._events:
-            try:
-                event = BUS_EVENT_DECODER.decode(delivery.body)
-            except msgspec.DecodeError:
-                continue  # not an event of debatebus's own wire
-            if event.request_id == self.request_id:
-                self._arrived.put_nowait(event)
+        """Hand on the request's events. Should the subscription fail, the events stop there
+        (they are for watching) and the stream still ends with the result."""
+        with contextlib.suppress(TransportError):
+            async for delivery in self._events:
+                try:
+                    event = BUS_EVENT_DECODER.decode(delivery.body)
+                except msgspec.DecodeError:
+                    continue  # not an event of debatebus's own wire
+                if event.request_id == self.request_id:
+                    self._arrived.put_nowait(event)
 
     def __aiter__(self) -> Self:
         return self

@@ -147,6 +147,18 @@ async def test_openai_stream_broken_off_is_an_llm_error_and_not_retried(
     assert len(fake_api.requests) == 1
 
 
+async def test_openai_stream_says_what_the_server_reported_mid_stream(fake_api: FakeAPI) -> None:
+    error = b'data: {"error": {"message": "the model overheated", "type": "server_error"}}\n\n'
+    fake_api.plan(Reply(stream=(*chat_chunks(PIECES)[:3], error)),
+                  Reply(stream=(*chat_chunks(PIECES)[:2], b"data: {not json\n\n")))
+    llm = openai_llm(fake_api)
+    with pytest.raises(LLMError, match="the server reported an error: the model overheated"):
+        await read(llm.stream(REQUEST))
+    with pytest.raises(LLMError, match="malformed stream event '{not json'"):
+        await read(llm.stream(REQUEST))
+    assert len(fake_api.requests) == 2  # neither retried: text may have been handed on
+
+
 async def test_openai_streams_structured_requests_whole(fake_api: FakeAPI) -> None:
     from tests.llm.servers import chat_completion
 

@@ -193,7 +193,9 @@ class Debate(DebateSpec):
         directly), durable by default. ``options`` are ``DebateHandler``'s, documented there:
         ``store``, ``durable``, ``lease_ttl_s``, ``store_outage_s``, ``owner``,
         ``max_input_bytes``, ``drift``, ``presets`` (the ``debatebus.presets`` a request may
-        pick with ``payload.preset``)."""
+        pick with ``payload.preset``), ``retention_s``, ``input_field``, ``stream_turns`` and
+        ``stream_interval_s`` (each turn's text published while it is written:
+        docs/streaming.md)."""
         # Imported here: the handlers build on the engine, not the other way round.
         from debatebus.handlers.handler import DebateHandler
 
