@@ -116,12 +116,16 @@ class BusClient:
         events = await self.transport.subscribe([events_topic])
         try:
             answer = await self._answers.expect(event_type, rid)  # listening before we publish
-            followed = RequestStream(self._answers, event_type, rid, events, answer, timeout)
-            await self.publish(event_type, payload, request_id=rid,
-                               correlation_id=correlation_id, headers=headers)
         except BaseException:
             self._answers.forget(event_type, rid)
             await _close(events)
+            raise
+        followed = RequestStream(self._answers, event_type, rid, events, answer, timeout)
+        try:
+            await self.publish(event_type, payload, request_id=rid,
+                               correlation_id=correlation_id, headers=headers)
+        except BaseException:
+            await followed.aclose()
             raise
         return followed
 
