@@ -61,7 +61,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         "always plays 2 (positions, then revisions)")
     parser.add_argument("--judge", action="store_true", help="add a judge that rules each round")
     parser.add_argument("--json", action="store_true", help="print the result document only")
-    parser.add_argument("--no-stream", dest="stream", action="store_false",
+    parser.add_argument("--no-stream", action="store_true",
                         help="show each turn once it is finished, not as the model writes it")
     parser.set_defaults(func=run)
 
@@ -97,7 +97,7 @@ async def run(args: argparse.Namespace) -> int:
     view = DebateView(debate, screen_for(sys.stdout))
     try:
         result = await debate.run(args.question, on_event=view.on_event,
-                                  on_text=view.on_text if args.stream else None)
+                                  on_text=None if args.no_stream else view.on_text)
     finally:
         view.screen.close()
     view.summary(result, _stop_rule(debate))
