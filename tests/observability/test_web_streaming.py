@@ -36,6 +36,7 @@ from tests.support.servers import RedisServer, free_port
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient
+from debatebus.exceptions import ConfigError
 from debatebus.schemas import events as ev
 from debatebus.transports import Outgoing
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
@@ -146,6 +147,18 @@ async def test_a_page_started_after_its_debates_reads_them_from_the_topic() -> N
         detail = (await http.get("/api/debates/d-2")).json()
     assert detail["debate"]["status"] == "completed"
     assert [e["seq"] for e in detail["events"]] == list(range(1, 9))
+
+
+def test_the_catch_up_window_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from debatebus.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["web", "--broker", "memory://", "--catch-up", "soon"])
+    assert exited.value.code == 2
+    assert "--catch-up: must be a duration (30m, 24h, 7d), 0 or all, not 'soon'" in (
+        capsys.readouterr().err)
+    with pytest.raises(ConfigError, match="catch_up_s must be ≥ 0 seconds"):
+        create_app(MemoryTransport(MemoryBroker()), catch_up_s=-1)
 
 
 @pytest.mark.redis

@@ -76,7 +76,7 @@ class DebateRecord:
     updated_at: float = field(default_factory=time.time)
     events: list[Event] = field(default_factory=list)
     truncated: bool = False
-    #: Each turn being written (``typing_key``): its text so far, as one ``replace`` delta.
+    #: Each turn being written (``_typing_key``): its text so far, as one ``replace`` delta.
     typing: dict[str, Event] = field(default_factory=dict)
 
     def add(self, event: Event, at: float | None = None) -> int | None:
@@ -164,7 +164,7 @@ def _written(record: DebateRecord, event: Event) -> None:
         del record.typing[key]
 
 
-def typing_key(delta: Event) -> str:
+def _typing_key(delta: Event) -> str:
     return f"{delta.get('round')}/{delta.get('speaker')}/{delta.get('purpose')}"
 
 
@@ -172,7 +172,7 @@ def _delta(record: DebateRecord, delta: Event) -> None:
     """Apply a turn delta to the text of the turn being written: ``replace`` starts it afresh,
     another delta extends it (one already applied, by its ``seq``, is skipped); ``final`` ends
     it."""
-    key, seq, text = typing_key(delta), delta.get("seq"), delta.get("text")
+    key, seq, text = _typing_key(delta), delta.get("seq"), delta.get("text")
     if not isinstance(seq, int) or not isinstance(text, str):
         return
     typing = record.typing
