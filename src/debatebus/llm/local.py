@@ -6,8 +6,9 @@ finds a package without executing it) rather than by importing it.
 
 llama.cpp calls block for seconds and a ``Llama`` object is not safe to share between threads, so
 each call runs in a worker thread, one at a time per instance; a streamed call hands each piece
-of its answer from that thread to the event loop as llama.cpp writes it. Judges get grammar-constrained JSON:
-llama.cpp compiles the request's JSON schema into a grammar, so even a 135M model emits the shape.
+of its answer from that thread to the event loop as llama.cpp writes it. Judges get
+grammar-constrained JSON: llama.cpp compiles the request's JSON schema into a grammar, so even a
+135M model emits the shape.
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ def _to_completion(result: Any, model: str) -> Completion:
 def _streamed_usage(llama: Any, pieces: int, finish_reason: object) -> TokenUsage:
     """A streamed answer's usage (llama.cpp's stream reports none) from the context's token count
     after it: the prompt and every token generated, bar the last one when the answer ran out of
-    tokens (sampled, never evaluated). One piece is one token, so the total is exact; a stop
-    sequence's tokens (generated, never handed on) count as prompt."""
+    tokens (sampled, never evaluated). The total is exact; the split counts a piece as a token (a
+    character spread over two tokens comes as one piece) and a stop sequence's tokens (generated,
+    never handed on) as prompt."""
     context = int(llama.n_tokens) + (1 if finish_reason == "length" else 0)
     return TokenUsage.of(max(context - pieces, 0), pieces)
 

@@ -2,8 +2,8 @@
 
 Every provider sends through the same retry policy and redaction (``retry.py``), is blocked the
 same way from paid endpoints when requests are disallowed, and validates structured answers the
-same way (``structured.py``). They stream the same way too (``stream``): the SDK's stream opened
-under the retry policy, then read event by event, an error once text has come being final. This
+same way (``structured.py``). They stream the same way too (``stream``): the server's stream
+opened under the retry policy, then read event by event, an error once it is open being final. This
 module imports no SDK: loading one provider must not load the other's.
 """
 
@@ -72,7 +72,8 @@ ClientT = TypeVar("ClientT", bound=_Client)
 
 
 class SDKStream(Protocol):
-    """An SDK's stream of server-sent events (openai's and anthropic's ``AsyncStream``)."""
+    """A streaming call's server-sent events, decoded (anthropic's ``AsyncStream``; the
+    OpenAI-compatible provider decodes its own)."""
 
     def __aiter__(self) -> AsyncIterator[Any]: ...
 
