@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from debatebus.exceptions import ConfigError, LLMError, TransportError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, model_name
@@ -32,6 +33,7 @@ from debatebus.schemas.usage import TokenUsage
 
 __all__ = [
     "ENV_VAR",
+    "LimitedLLM",
     "MemoryRateLimiter",
     "Permit",
     "RateLimit",
@@ -262,14 +264,22 @@ def estimate_tokens(request: LLMRequest, *, default_max_tokens: int,
     return math.ceil(chars / chars_per_token) + (request.max_tokens or default_max_tokens)
 
 
-class RateLimitedLLM:
-    """``llm`` behind ``limiter``: every call waits for one request and its estimated tokens
-    (``estimate_tokens``), is corrected with the response's usage, and holds a ``max_concurrent``
-    slot while it runs. A provider's 429 with a Retry-After pauses every caller of the limiter.
+class _Limiter(Protocol):
+    name: str
 
-    ``default_max_tokens`` is the answer length assumed for requests without ``max_tokens``."""
+    async def close(self) -> None: ...
 
-    def __init__(self, llm: LLM, limiter: RateLimiter, *, default_max_tokens: int = 1024,
+
+L = TypeVar("L", bound=_Limiter)
+
+
+class LimitedLLM(Generic[L]):
+    """What a model wrapped by a limiter of kind ``L`` is, whatever the limiter counts: the
+    model's name, the limiter, and how a call's tokens are estimated before it is made
+    (``estimate_tokens``, with ``default_max_tokens`` for a request without ``max_tokens``).
+    ``RateLimitedLLM`` and ``SpendLimitedLLM`` add what happens around a call."""
+
+    def __init__(self, llm: LLM, limiter: L, *, default_max_tokens: int = 1024,
                  chars_per_token: float = 4.0) -> None:
         if default_max_tokens < 1 or chars_per_token <= 0:
             raise ConfigError("default_max_tokens must be >= 1 and chars_per_token positive")
@@ -283,15 +293,35 @@ class RateLimitedLLM:
         return model_name(self._llm)
 
     @property
-    def limiter(self) -> RateLimiter:
+    def limiter(self) -> L:
         return self._limiter
 
     def __repr__(self) -> str:
-        return f"RateLimitedLLM({self._llm!r}, limit={self._limiter.name!r})"
+        return f"{type(self).__name__}({self._llm!r}, limit={self._limiter.name!r})"
+
+    def _estimate(self, request: LLMRequest, answer: int | None = None) -> int:
+        """The tokens ``request`` will take: its prompt's and an answer of ``answer`` tokens
+        (None: its ``max_tokens``, else ``default_max_tokens``)."""
+        return estimate_tokens(request, default_max_tokens=answer or self._default_max_tokens,
+                               chars_per_token=self._chars_per_token)
+
+    async def aclose(self) -> None:
+        """Close the limiter, and the wrapped LLM when it has ``aclose``."""
+        await self._limiter.close()
+        close = getattr(self._llm, "aclose", None)
+        if close is not None:
+            await close()
+
+
+class RateLimitedLLM(LimitedLLM[RateLimiter]):
+    """``llm`` behind ``limiter``: every call waits for one request and its estimated tokens
+    (``estimate_tokens``), is corrected with the response's usage, and holds a ``max_concurrent``
+    slot while it runs. A provider's 429 with a Retry-After pauses every caller of the limiter.
+
+    ``default_max_tokens`` is the answer length assumed for requests without ``max_tokens``."""
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
-        estimate = estimate_tokens(request, default_max_tokens=self._default_max_tokens,
-                                   chars_per_token=self._chars_per_token)
+        estimate = self._estimate(request)
         permit = await self._limiter.acquire(tokens=estimate)
         usage: TokenUsage | None = None
         try:
@@ -321,13 +351,6 @@ class RateLimitedLLM:
         except TransportError as exc:  # the call's own retry still waits; only the fleet misses it
             log.warning("rate limit %s: could not share a %.1f s pause: %s",
                         self._limiter.name, seconds, exc)
-
-    async def aclose(self) -> None:
-        """Close the limiter, and the wrapped LLM when it has ``aclose``."""
-        await self._limiter.close()
-        close = getattr(self._llm, "aclose", None)
-        if close is not None:
-            await close()
 
 
 _KEYS = {"rpm": "requests_per_minute", "tpm": "tokens_per_minute", "concurrent": "max_concurrent",

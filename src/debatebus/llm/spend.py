@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from debatebus.exceptions import ConfigError, LLMError, SpendLimitError, TransportError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, model_name
-from debatebus.llm.ratelimit import estimate_tokens
+from debatebus.llm.ratelimit import LimitedLLM
 from debatebus.pricing import Price, Prices
 from debatebus.schemas.usage import TokenUsage
 
@@ -129,7 +129,7 @@ class MemorySpendLimiter(SpendLimiter):
         """Nothing to release: the spend is this object's own."""
 
 
-class SpendLimitedLLM:
+class SpendLimitedLLM(LimitedLLM[SpendLimiter]):
     """``llm`` under ``limiter``: a call is made only while the limiter's window has spend left,
     and what it cost at ``prices`` (which must price ``llm``'s model, in the limit's currency) is
     charged after it. A call whose usage is not known (a timeout, a provider reporting none) is
@@ -146,22 +146,9 @@ class SpendLimitedLLM:
         if prices.currency != limiter.limit.currency:
             raise ConfigError(f"spend limit {limiter.name!r} is in {limiter.limit.currency}, "
                               f"prices in {prices.currency}: use one currency")
-        self._llm = llm
-        self._limiter = limiter
+        super().__init__(llm, limiter, default_max_tokens=default_max_tokens,
+                         chars_per_token=chars_per_token)
         self._price: Price = price
-        self._default_max_tokens = default_max_tokens
-        self._chars_per_token = chars_per_token
-
-    @property
-    def model(self) -> str:
-        return model_name(self._llm)
-
-    @property
-    def limiter(self) -> SpendLimiter:
-        return self._limiter
-
-    def __repr__(self) -> str:
-        return f"SpendLimitedLLM({self._llm!r}, limit={self._limiter.name!r})"
 
     async def complete(self, request: LLMRequest) -> LLMResponse:
         await self._limiter.check()
@@ -176,17 +163,8 @@ class SpendLimitedLLM:
     async def _charge(self, request: LLMRequest, usage: TokenUsage | None) -> None:
         if usage is None:
             answer = request.max_tokens or self._default_max_tokens
-            prompt = estimate_tokens(request, default_max_tokens=answer,
-                                     chars_per_token=self._chars_per_token) - answer
-            usage = TokenUsage.of(prompt, answer)
+            usage = TokenUsage.of(self._estimate(request, answer) - answer, answer)
         try:
             await self._limiter.record(self._price.cost(usage))
         except TransportError as exc:  # the answer stands; only the fleet's count misses it
             log.warning("spend limit %s: could not charge a call: %s", self._limiter.name, exc)
-
-    async def aclose(self) -> None:
-        """Close the limiter, and the wrapped LLM when it has ``aclose``."""
-        await self._limiter.close()
-        close = getattr(self._llm, "aclose", None)
-        if close is not None:
-            await close()
