@@ -17,7 +17,7 @@ class Backoff:
         self.attempt = 0
 
     def next(self) -> float:
-        ceiling = min(self.cap_s, self.base_s * 2 ** min(self.attempt, 16))
+        ceiling = _ceiling(self.attempt, self.base_s, self.cap_s)
         self.attempt += 1
         return random.uniform(0, ceiling)
 
@@ -30,5 +30,10 @@ def redelivery_delay(deliveries: int, base_s: float = 0.5, cap_s: float = 30.0) 
     handed out again, where the transport decides (Redis pub/sub keeps the copy itself): uniform
     in [c/2, c] for c = min(cap_s, base_s × 2ⁿ⁻¹), so a request that meets a passing fault (a
     second of Redis trouble) reaches its delivery limit only after seconds, not at once."""
-    ceiling = min(cap_s, base_s * 2 ** min(max(deliveries - 1, 0), 16))
+    ceiling = _ceiling(deliveries - 1, base_s, cap_s)
     return random.uniform(ceiling / 2, ceiling)
+
+
+def _ceiling(attempt: int, base_s: float, cap_s: float) -> float:
+    """The longest wait after ``attempt`` earlier ones (0: the first): base_s × 2ⁿ, capped."""
+    return min(cap_s, base_s * 2 ** min(max(attempt, 0), 16))
