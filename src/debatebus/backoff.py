@@ -36,4 +36,4 @@ def redelivery_delay(deliveries: int, base_s: float = 0.5, cap_s: float = 30.0) 
 
 def _ceiling(attempt: int, base_s: float, cap_s: float) -> float:
     """The longest wait after ``attempt`` earlier ones (0: the first): base_s × 2ⁿ, capped."""
-    return min(cap_s, base_s * 2 ** min(max(attempt, 0), 16))
+    return min(cap_s, base_s * float(2 ** min(max(attempt, 0), 16)))
