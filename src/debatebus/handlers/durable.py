@@ -216,10 +216,14 @@ class DurableRunner:
         """Commit a fork's starting point (its parent's framing and first rounds) as the first
         entries of its checkpoint; the progress it resumes from. Its counters start at zero:
         the fork pays only for what comes after."""
-        entries = [encode_entry(item) for item in committed_items(seed)]
-        if entries:
-            await self.append(key, entries, counters_of(seed))
+        await self._commit_all(key, seed)
         return seed
+
+    async def _commit_all(self, key: str, progress: Progress) -> None:
+        """Append everything ``progress`` holds (framing, rounds, records), with its counters."""
+        entries = [encode_entry(item) for item in committed_items(progress)]
+        if entries:
+            await self.append(key, entries, counters_of(progress))
 
     async def _open(self, key: str, owner: str, encoded: bytes) -> Opening:
         """Wait while another run (here or on another worker) holds the debate: never start a
@@ -279,9 +283,7 @@ class DurableRunner:
                     "own progress", key)
         header = encode_header(self._header(ask))
         await self._patient(lambda: self.store.begin(key, header, **self._retention))
-        entries = [encode_entry(item) for item in committed_items(progress)]
-        if entries:
-            await self.append(key, entries, counters_of(progress))
+        await self._commit_all(key, progress)
 
     async def append(self, key: str, entries: list[bytes], counters: Counters) -> None:
         """Commit ``entries`` of the debate kept under ``key``, with its counters, riding out a
