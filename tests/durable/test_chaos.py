@@ -2,7 +2,8 @@
 
 Every request must end with exactly one final result event (on Kafka, which has no transactions:
 at most one fresh one, and store replays of the same output, ``assert_store_answers``); no debate
-pays for more than its needed calls plus one interrupted round per kill of a worker running it;
+pays for more than its needed calls plus, per kill of a worker running it, the round it
+interrupted and the one before when that one's commit had not landed (group commit);
 no transcript repeats a round; and replaying the whole request topic afterwards costs zero LLM
 calls.
 """
@@ -115,7 +116,10 @@ async def test_chaos_kills_lose_nothing_and_repeat_nothing(chaos_url: str, redis
         made = per_debate[f"Debate topic: chaos {i}"]
         pids = {c["pid"] for c in made}
         kills = sum(killed.get(int(str(pid)), 0) for pid in pids)
-        assert NEEDED <= len(made) <= NEEDED + ROUND_CALLS * kills, (i, len(made), kills)
+        # A kill repeats at most the step it interrupted and, when that step's model call came
+        # before the previous step's commit had landed (group commit: docs/durability.md), that
+        # uncommitted step too; never a committed one.
+        assert NEEDED <= len(made) <= NEEDED + 2 * ROUND_CALLS * kills, (i, len(made), kills)
         taken_over += len(pids) > 1
     assert taken_over >= 1, "the kills should have interrupted at least one debate mid-way"
     assert len(calls) == calls_before_replay, "replaying finished requests must cost no LLM call"
