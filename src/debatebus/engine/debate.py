@@ -19,7 +19,7 @@ from debatebus.engine.people import PeopleRunner
 from debatebus.engine.result import DebateResult, Progress, Status
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
-from debatebus.engine.run import EventTypes, OnCommit, OnEvent, Run
+from debatebus.engine.run import EventTypes, OnCommit, OnEvent, OnText, Run
 from debatebus.engine.steps import emit_phi, finish, synthesize
 from debatebus.engine.subdebates import ChildRunner, InProcessChildren, SubDebateSession
 from debatebus.engine.transcript import Turn
@@ -106,9 +106,14 @@ class Debate(DebateSpec):
         depth: int = 0,
         event_types: EventTypes = None,
         people: PeopleRunner | None = None,
+        on_text: OnText | None = None,
     ) -> DebateResult:
         """Run the debate to its end. Never raises for model failures: a failed debate returns
         ``status="failed"`` with its partial transcript and every token spent.
+
+        ``on_text`` streams each free-text call (turns, framing, synthesis) as the model writes
+        it: ``on_text(TurnKey)`` is asked for where the call's text goes (a ``TurnText``; see
+        ``debatebus.engine.run``). Sub-debates run in this process are not streamed.
 
         With ``sub_debates``, ``children`` runs the sub-debates a position asks for (default: in
         this process, ``InProcessChildren``; a bus handler passes one that publishes them);
@@ -117,7 +122,7 @@ class Debate(DebateSpec):
         ``people`` asks the people (``HumanParticipant``) for their turns: a bus handler passes
         one that publishes turn requests; without one their turns fail (docs/people.md)."""
         run, session = self._start(question, debate_id, on_event, max_rounds, resume, on_commit,
-                                   request_id, children, depth, event_types, people)
+                                   request_id, children, depth, event_types, people, on_text)
         await run.emit(
             ev.DebateStarted,
             question=question,
@@ -163,7 +168,8 @@ class Debate(DebateSpec):
                max_rounds: int | None, resume: Progress | None, on_commit: OnCommit | None,
                request_id: str | None, children: ChildRunner | None,
                depth: int, event_types: EventTypes,
-               people: PeopleRunner | None) -> tuple[Run, SubDebateSession | None]:
+               people: PeopleRunner | None,
+               on_text: OnText | None) -> tuple[Run, SubDebateSession | None]:
         """``run``'s arguments, checked: the new run and its sub-debate session, if any."""
         if not isinstance(question, str):
             raise ConfigError(f"the question must be a string, got {type(question).__name__}")
@@ -182,6 +188,7 @@ class Debate(DebateSpec):
             max_rounds=max_rounds,
             event_types=event_types,
             people=people,
+            on_text=on_text,
         )
         if self.sub_debates is None:
             return run, None
@@ -193,7 +200,9 @@ class Debate(DebateSpec):
         directly), durable by default. ``options`` are ``DebateHandler``'s, documented there:
         ``store``, ``durable``, ``lease_ttl_s``, ``store_outage_s``, ``owner``,
         ``max_input_bytes``, ``drift``, ``presets`` (the ``debatebus.presets`` a request may
-        pick with ``payload.preset``)."""
+        pick with ``payload.preset``), ``retention_s``, ``input_field``, ``stream_turns`` and
+        ``stream_interval_s`` (each turn's text published while it is written:
+        docs/streaming.md)."""
         # Imported here: the handlers build on the engine, not the other way round.
         from debatebus.handlers.handler import DebateHandler
 
