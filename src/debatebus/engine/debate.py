@@ -111,27 +111,18 @@ class Debate(DebateSpec):
         """Run the debate to its end. Never raises for model failures: a failed debate returns
         ``status="failed"`` with its partial transcript and every token spent.
 
-        ``on_text`` streams each free-text call (turns, framing, synthesis) as the model writes
-        it: ``on_text(TurnKey)`` is asked for where the call's text goes (a ``TurnText``; see
-        ``debatebus.engine.run``). Sub-debates run in this process are not streamed.
-
         With ``sub_debates``, ``children`` runs the sub-debates a position asks for (default: in
         this process, ``InProcessChildren``; a bus handler passes one that publishes them);
         ``depth`` is this run's own (0 at the top; a sub-debate's events carry it).
         ``event_types``: the kinds of event ``on_event`` takes (None: all); no other is built.
         ``people`` asks the people (``HumanParticipant``) for their turns: a bus handler passes
-        one that publishes turn requests; without one their turns fail (docs/people.md)."""
+        one that publishes turn requests; without one their turns fail (docs/people.md).
+        ``on_text`` streams each free-text call (turns, framing, synthesis) as the model writes
+        it, to the ``TurnText`` it gives for the call's ``TurnKey`` (``debatebus.engine.run``;
+        sub-debates run in this process are not streamed)."""
         run, session = self._start(question, debate_id, on_event, max_rounds, resume, on_commit,
                                    request_id, children, depth, event_types, people, on_text)
-        await run.emit(
-            ev.DebateStarted,
-            question=question,
-            debate_name=self.name,
-            protocol=self.protocol,
-            participants=[p.name for p in self.participants],
-            max_rounds=run.max_rounds,
-            resumed_from_round=run.resumed_from,
-        )
+        await self._announce(run)
         # Played here, within the deadline, not in a coroutine of its own (one frame fewer per
         # debate in flight). A DebateFailure or the deadline ends the run failed, keeping what
         # the protocol had decided (its Φ̂).
@@ -156,6 +147,17 @@ class Debate(DebateSpec):
         result = await finish(run, outcome, synthesis, failure)
         await self._report(result)
         return result
+
+    async def _announce(self, run: Run) -> None:
+        await run.emit(
+            ev.DebateStarted,
+            question=run.question,
+            debate_name=self.name,
+            protocol=self.protocol,
+            participants=[p.name for p in self.participants],
+            max_rounds=run.max_rounds,
+            resumed_from_round=run.resumed_from,
+        )
 
     async def _report(self, result: DebateResult) -> None:
         """Hand ``on_metrics``, if any, the run's metrics."""

@@ -168,24 +168,9 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: M
         raise
     except Exception as exc:
         usage = spent + run.spend_failed(who.name, exc)
-        error = _describe(exc)
         if writing is not None:
             await writing.commit("")
-        await run.emit(
-            ev.TurnFailed,
-            speaker=who.name,
-            round=number,
-            text="",
-            error=error,
-            usage=usage,
-            model=model_name(llm),
-            duration_ms=(time.perf_counter() - started) * 1000.0,
-        )
-        if run.spec.failure_policy == "strict":
-            raise DebateFailure(
-                f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
-            ) from exc
-        return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
+        return await _failed_turn(run, who, purpose, number, exc, usage, started)
     if writing is not None:
         await writing.commit(text)
     if run.wants(ev.TurnCompleted):
@@ -199,6 +184,27 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: M
             duration_ms=(time.perf_counter() - started) * 1000.0,
         )
     return Turn(speaker=who.name, round=number, text=text, usage=spent)
+
+
+async def _failed_turn(run: Run, who: Participant, purpose: str, number: int, exc: Exception,
+                       usage: TokenUsage, started: float) -> Turn:
+    """``who``'s turn failed by ``exc``, reported: in strict mode the debate fails."""
+    error = _describe(exc)
+    await run.emit(
+        ev.TurnFailed,
+        speaker=who.name,
+        round=number,
+        text="",
+        error=error,
+        usage=usage,
+        model=model_name(run.spec.llm_for(who)),
+        duration_ms=(time.perf_counter() - started) * 1000.0,
+    )
+    if run.spec.failure_policy == "strict":
+        raise DebateFailure(
+            f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
+        ) from exc
+    return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
 
 
 def _discard(writing: TurnText | None) -> None:
