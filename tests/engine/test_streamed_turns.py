@@ -33,6 +33,8 @@ class Recorder:
 
 
 class Written:
+    interval_s = 0.0
+
     def __init__(self, recorder: Recorder, key: TurnKey) -> None:
         self.recorder, self.key = recorder, key
         self.pieces: list[str] = []

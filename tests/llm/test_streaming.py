@@ -114,9 +114,10 @@ def openai_llm(api: FakeAPI, **kwargs: Any) -> OpenAICompatibleLLM:
 
 
 async def test_openai_streams_pieces_then_the_usage_of_the_last_chunk(fake_api: FakeAPI) -> None:
-    fake_api.plan(Reply(stream=chat_chunks(PIECES, prompt_tokens=17, completion_tokens=6)))
+    fake_api.plan(Reply(stream=chat_chunks(PIECES, prompt_tokens=17, completion_tokens=6),
+                        stream_delay=0.05))
     pieces, response = await read(openai_llm(fake_api, max_tokens=64).stream(REQUEST))
-    assert pieces == PIECES
+    assert pieces == PIECES  # read as they come: a piece per event written on its own
     assert response.text == "".join(PIECES)
     assert (response.usage, response.model) == (TokenUsage.of(17, 6), "fake-model")
     (body,) = fake_api.bodies()
@@ -125,11 +126,21 @@ async def test_openai_streams_pieces_then_the_usage_of_the_last_chunk(fake_api: 
     assert body["max_tokens"] == 64
 
 
+async def test_openai_paced_stream_hands_on_each_reads_events_as_one_piece(
+        fake_api: FakeAPI) -> None:
+    fake_api.plan(Reply(stream=chat_chunks(PIECES, completion_tokens=6), stream_delay=0.05))
+    pieces, response = await read(openai_llm(fake_api).stream(REQUEST, interval_s=0.3))
+    # The first read at once, then one every 0.3 s: what the server wrote meanwhile in one piece.
+    assert len(pieces) < len(PIECES)
+    assert "".join(pieces) == response.text == "".join(PIECES)
+    assert response.usage == TokenUsage.of(11, 6)
+
+
 async def test_openai_retries_a_stream_the_server_refused(fake_api: FakeAPI) -> None:
     fake_api.plan(Reply(status=503, json={"error": {"message": "overloaded"}}),
                   Reply(stream=chat_chunks(PIECES)))
     pieces, _ = await read(openai_llm(fake_api).stream(REQUEST))
-    assert pieces == PIECES
+    assert "".join(pieces) == "".join(PIECES)
     assert len(fake_api.requests) == 2
 
 
@@ -144,7 +155,7 @@ async def test_openai_stream_broken_off_is_an_llm_error_and_not_retried(
 
     with pytest.raises(LLMError, match=r"fake-model: the answer's stream from .* broke off"):
         await read_all()
-    assert got == PIECES[:4]  # what came before the break was handed on
+    assert "".join(got) == "".join(PIECES[:4])  # what came before the break was handed on
     assert len(fake_api.requests) == 1
 
 

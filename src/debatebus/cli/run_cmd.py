@@ -399,6 +399,8 @@ class TypedTurn:
     """One turn shown as the model writes it (a ``TurnText``): its pieces go to the screen, and
     its raw text to the view, which reports the finished turn against it."""
 
+    interval_s = 0.0  # each piece printed as it comes
+
     def __init__(self, view: DebateView, key: TurnKey) -> None:
         self._view = view
         self._key = key

@@ -63,7 +63,11 @@ class TurnText(Protocol):
     the turn's text as the transcript keeps it ("" for a failed turn), before the turn is
     reported, and ends it; ``discard`` ends it without a text of its own (the debate stopped
     there, or the turn is asked again: the new answer comes to a new ``TurnText``). Only the
-    first of ``commit`` and ``discard`` counts."""
+    first of ``commit`` and ``discard`` counts. ``interval_s``: how often it takes pieces at
+    most (``LLM.stream``'s; 0, as they come)."""
+
+    @property
+    def interval_s(self) -> float: ...
 
     def write(self, piece: str) -> None: ...
 

@@ -112,7 +112,7 @@ def model_of(spec: DebateSpec, response: LLMResponse, who: Participant | Judge) 
 
 async def _written(llm: LLM, request: LLMRequest, text: TurnText) -> LLMResponse:
     """The answer to ``request``, streamed: each piece to ``text`` as the model writes it."""
-    async with llm.stream(request) as stream:
+    async with llm.stream(request, interval_s=text.interval_s) as stream:
         async for piece in stream:
             text.write(piece)
     response = stream.response

@@ -104,6 +104,11 @@ class TurnDeltas:
         self._timer: asyncio.TimerHandle | None = None
         self._sending: asyncio.Task[None] | None = None
 
+    @property
+    def interval_s(self) -> float:
+        """Pieces are published this often at most: the model may hand them on as seldom."""
+        return self.streams.interval_s
+
     def write(self, piece: str) -> None:
         if self.closed or not piece:
             return

@@ -13,7 +13,7 @@ looks back from a breakpoint: at most 4. Prompts below the model's minimum are n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 try:
@@ -201,6 +201,20 @@ class _EventReader:
         return None if self._start is None else _usage_of(self._start, self._output)
 
 
+class _OneByOne:
+    """The SDK's stream (``AsyncStream``), an event per batch."""
+
+    def __init__(self, events: Any) -> None:
+        self._events = events
+
+    async def __aiter__(self) -> AsyncIterator[list[Any]]:
+        async for event in self._events:
+            yield [event]
+
+    async def close(self) -> None:
+        await self._events.close()
+
+
 def _to_completion(message: Any, model: str) -> Completion:
     content = getattr(message, "content", None)
     if not isinstance(content, list):
@@ -303,10 +317,11 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
         if self._caching and usage is not None and any(m.breaks for m in request.messages):
             self._note_too_short_to_cache(usage.prompt_tokens, self._min_cacheable)
 
-    async def _open_stream(self, request: LLMRequest) -> SDKStream:
-        stream: SDKStream = await self._client.messages.create(**self._params(request),
-                                                                stream=True)
-        return stream
+    async def _open_stream(self, request: LLMRequest, interval_s: float) -> SDKStream:
+        return _OneByOne(await self._client.messages.create(**self._params(request), stream=True))
+
+    def _sdk_headers(self) -> Mapping[str, object]:
+        return {**self._client.default_headers, **self._client.auth_headers}
 
     def _stream_reader(self) -> _EventReader:
         return _EventReader()

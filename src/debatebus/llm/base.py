@@ -128,16 +128,18 @@ class LLM(Protocol):
 
     ``stream`` has a default, the answer of ``complete`` in one piece: a class that subclasses
     ``LLM`` gets it (every shipped model does, and the providers override it to stream tokens as
-    the server sends them)."""
+    the server sends them). Its ``interval_s`` says how often the caller takes pieces: a model
+    that reads a connection (the providers) reads it at most that often and hands on what arrived
+    meanwhile as one piece, which costs far less CPU than a read per token; 0, as they come."""
 
     @property
     def model(self) -> str: ...
 
     async def complete(self, request: LLMRequest) -> LLMResponse: ...
 
-    def stream(self, request: LLMRequest) -> LLMStream:
-        """The answer to ``request`` as it is written (see ``LLMStream``). By default the text
-        of ``complete`` in one piece."""
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """The answer to ``request`` as it is written (see ``LLMStream``), in pieces at most every
+        ``interval_s`` where reading costs. By default the text of ``complete`` in one piece."""
         return LLMStream(streamed_whole(lambda: self.complete(request)))
 
 

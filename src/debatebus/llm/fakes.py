@@ -159,8 +159,9 @@ class ScriptedLLM(LLM):
             return await _respond(request, lambda: reply(request), self._model)
         return await _respond(request, lambda: reply, self._model)
 
-    def stream(self, request: LLMRequest) -> LLMStream:
-        """The next scripted answer, a word at a time (``stream_pause_s`` apart)."""
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """The next scripted answer, a word at a time (``stream_pause_s`` apart, whatever
+        ``interval_s``: nothing is read)."""
         return LLMStream(word_pieces(lambda: self.complete(request), self._pause_s))
 
 
@@ -189,6 +190,6 @@ class FunctionLLM(LLM):
         self.requests.append(request)
         return await _respond(request, lambda: self._fn(request), self._model)
 
-    def stream(self, request: LLMRequest) -> LLMStream:
-        """``fn``'s answer a word at a time (``stream_pause_s`` apart)."""
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """``fn``'s answer a word at a time (``stream_pause_s`` apart, whatever ``interval_s``)."""
         return LLMStream(word_pieces(lambda: self.complete(request), self._pause_s))

@@ -206,9 +206,10 @@ class LocalLLM(LLM):
             with_json_instructions(request, schema), send, model=self.model
         )
 
-    def stream(self, request: LLMRequest) -> LLMStream:
-        """The answer as llama.cpp writes it, a token at a time. A structured request (a judge)
-        is answered by ``complete`` in one piece: its JSON is checked whole."""
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """The answer as llama.cpp writes it, a token at a time (whatever ``interval_s``: each
+        token is handed from its thread as it comes). A structured request (a judge) is answered
+        by ``complete`` in one piece: its JSON is checked whole."""
         if request.response_schema is not None:
             return super().stream(request)
         return LLMStream(self._streamed(request))

@@ -10,9 +10,11 @@ calls share first, byte for byte (the message text is sent as it is, breaks or n
 carries a ``prompt_cache_key`` derived from its debate's id, so that the debate's calls are routed
 to where their prefix is cached.
 
-A streamed answer is read from the SDK's raw streaming response (``with_streaming_response``),
-its server-sent events decoded here with msgspec into the few fields a turn needs: the SDK's own
-stream builds a pydantic model of every chunk, which cost 70% of a token's CPU time.
+A streamed answer is read by ``debatebus.llm.sse`` (paced reads, each read's events handed on
+together), its server-sent events decoded here with msgspec into the few fields a turn needs, a
+read's in one call: the SDK's own stream builds a pydantic model of every chunk, which cost 70% of
+a token's CPU time, and reads through httpx, which cost most of the rest. Through a proxy, the
+SDK's raw streaming response (``with_streaming_response``) is read instead.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -59,6 +61,7 @@ from debatebus.llm.retry import (
     map_sdk_error,
 )
 from debatebus.llm.settings import is_paid_url
+from debatebus.llm.sse import EventSource
 from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.redaction import redact
 from debatebus.schemas.usage import TokenUsage
@@ -256,25 +259,64 @@ class _Chunk(msgspec.Struct):
 _CHUNK = msgspec.json.Decoder(_Chunk)
 
 
+_CHUNKS = msgspec.json.Decoder(list[_Chunk])
+_DONE = b"[DONE]"
+
+
+def _chunks(datas: list[bytes], model: str) -> list[_Chunk]:
+    """The chunks of one read's events, decoded in one go (the ``[DONE]`` left out by the
+    caller); an ``LLMResponseError`` naming the one that is not a chunk."""
+    try:
+        return _CHUNKS.decode(b"[" + b",".join(datas) + b"]")
+    except msgspec.DecodeError:
+        for data in datas:
+            try:
+                _CHUNK.decode(data)
+            except msgspec.DecodeError as exc:
+                raise LLMResponseError(
+                    f"{model}: malformed stream event {data[:200].decode(errors='replace')!r}: "
+                    f"{exc}") from exc
+        raise
+
+
+class _ChunkBatches:
+    """A streaming response's ``data:`` events read by ``debatebus.llm.sse``, decoded, a batch
+    per read, up to ``[DONE]``."""
+
+    def __init__(self, source: EventSource, model: str) -> None:
+        self._source = source
+        self._model = model
+
+    async def __aiter__(self) -> AsyncIterator[list[_Chunk]]:
+        async for datas in self._source.batches():
+            done = _DONE in datas
+            if done:
+                datas = datas[:datas.index(_DONE)]
+            if datas:
+                yield _chunks(datas, self._model)
+            if done:
+                return
+
+    async def close(self) -> None:
+        self._source.close()
+
+
 class _ChunkStream:
-    """A streaming response's ``data:`` events, decoded, up to ``[DONE]``."""
+    """The same through the SDK's raw streaming response (a proxied server), an event at a
+    time."""
 
     def __init__(self, response: Any, model: str) -> None:
         self._response = response
         self._model = model
 
-    async def __aiter__(self) -> AsyncIterator[_Chunk]:
+    async def __aiter__(self) -> AsyncIterator[list[_Chunk]]:
         async for line in self._response.iter_lines():
             if not line.startswith("data:"):
                 continue  # blank separators, comments, event names
-            data = line[5:].strip()
-            if data == "[DONE]":
+            data = line[5:].strip().encode()
+            if data == _DONE:
                 return
-            try:
-                yield _CHUNK.decode(data)
-            except msgspec.DecodeError as exc:
-                raise LLMResponseError(
-                    f"{self._model}: malformed stream event {data[:200]!r}: {exc}") from exc
+            yield _chunks([data], self._model)
 
     async def close(self) -> None:
         await self._response.close()
@@ -435,12 +477,23 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         if self._cache_key and usage is not None:
             self._note_too_short_to_cache(usage.prompt_tokens, MIN_CACHEABLE_TOKENS)
 
-    async def _open_stream(self, request: LLMRequest) -> SDKStream:
-        # Entered here, closed by the stream: an error status is raised on entering.
-        response = await self._client.chat.completions.with_streaming_response.create(
-            model=self._model, messages=_messages(request), stream=True,
-            stream_options={"include_usage": True}, **self._params(request)).__aenter__()
-        return _ChunkStream(response, self._model)
+    async def _open_stream(self, request: LLMRequest, interval_s: float) -> SDKStream:
+        params = self._params(request)
+        messages = _messages(request)
+        if self._proxied:
+            # Entered here, closed by the stream: an error status is raised on entering.
+            response = await self._client.chat.completions.with_streaming_response.create(
+                model=self._model, messages=messages, stream=True,
+                stream_options={"include_usage": True}, **params).__aenter__()
+            return _ChunkStream(response, self._model)
+        extra = params.pop("extra_body", {})
+        body = {"model": self._model, "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, **params, **extra}
+        source = await self._open_events("/chat/completions", body, interval_s)
+        return _ChunkBatches(source, self._model)
+
+    def _sdk_headers(self) -> Mapping[str, object]:
+        return {**self._client.default_headers, **self._client.auth_headers}
 
     def _stream_reader(self) -> _ChunkReader:
         return _ChunkReader(self._model)

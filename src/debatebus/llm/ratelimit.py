@@ -322,13 +322,15 @@ class LimitedLLM(LLM, Generic[L]):
             call.usage = response.usage
         return response
 
-    def stream(self, request: LLMRequest) -> LLMStream:
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
         """The wrapped model's stream, limited and accounted for as ``complete`` is: the call is
         in the limit until its stream ends (or is left)."""
-        return LLMStream(self._streamed(request))
+        return LLMStream(self._streamed(request, interval_s))
 
-    async def _streamed(self, request: LLMRequest) -> AsyncGenerator[Piece, None]:
-        async with self._limited(request) as call, self._llm.stream(request) as pieces:
+    async def _streamed(self, request: LLMRequest,
+                        interval_s: float) -> AsyncGenerator[Piece, None]:
+        async with (self._limited(request) as call,
+                    self._llm.stream(request, interval_s=interval_s) as pieces):
             while True:
                 with self._calling():  # each step, not across a yield: the caller runs there
                     piece = await anext(pieces, None)
