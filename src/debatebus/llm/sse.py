@@ -28,7 +28,7 @@ import os
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Mapping
-from typing import Final
+from typing import Final, cast
 from urllib.parse import urlsplit
 
 import certifi
@@ -75,8 +75,8 @@ class _Buffer(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A TCP transport (uvloop's does not subclass asyncio.Transport: no isinstance).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.data += data
