@@ -1,4 +1,5 @@
-"""Calling debates from Python over the bus: publish a request and wait for its result."""
+"""Calling debates from Python over the bus: publish a request and wait for its result, or follow
+its debate's events and turn deltas as they come (``BusClient.stream``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
+
+import msgspec
 
 from debatebus.exceptions import TransportError
 from debatebus.observability.tracing import inject_traceparent
@@ -23,10 +26,21 @@ from debatebus.schemas.envelope import (
     new_message_id,
     now_iso,
 )
+from debatebus.schemas.events import (
+    BUS_EVENT_DECODER,
+    BusEvent,
+    DebateCompleted,
+    DebateFailed,
+    DebateStarted,
+)
 from debatebus.supervisor import supervise
 from debatebus.transports import Delivery, Outgoing, Transport, broker_url, transport_from_url
 
-__all__ = ["Answers", "BusClient", "request_message"]
+__all__ = ["EVENTS_GRACE_S", "Answers", "BusClient", "RequestStream", "request_message"]
+
+#: How long a stream waits, once the result is in, for the debate's last event to arrive (it was
+#: published first, but on another topic, read by another subscription).
+EVENTS_GRACE_S: Final = 2.0
 
 log = logging.getLogger("debatebus.client")
 
@@ -90,6 +104,134 @@ class BusClient:
             ) from None
         finally:
             self._answers.forget(event_type, rid)
+
+    async def stream(self, event_type: str, payload: Mapping[str, Any], *,
+                     request_id: str | None = None, timeout: float = 300.0,
+                     events_topic: str = "debate:events", correlation_id: str | None = None,
+                     headers: Mapping[str, str] | None = None) -> RequestStream:
+        """Publish a request and follow it: ``async for event in stream`` gives its debate's
+        events and turn deltas (``TurnDelta``, from a handler made with ``stream_turns=True``)
+        from ``events_topic`` (the worker's ``events_topic``; it needs ``publish_events=True``),
+        in order, and ends once its result is in: then ``stream.result`` is the result envelope,
+        as ``request`` returns it. ``TransportError`` when no result comes within ``timeout``.
+        Use it in ``async with`` (or call ``aclose()``): its subscriptions end there.
+
+        A request answered without a run (a stored result replayed, bad input) has no events:
+        the stream ends with its result at once."""
+        rid = request_id or uuid.uuid4().hex
+        events = await self.transport.subscribe([events_topic])
+        try:
+            answer = await self._answers.expect(event_type, rid)  # listening before we publish
+        except BaseException:
+            self._answers.forget(event_type, rid)
+            await _close(events)
+            raise
+        followed = RequestStream(self._answers, event_type, rid, events, answer, timeout)
+        try:
+            await self.publish(event_type, payload, request_id=rid,
+                               correlation_id=correlation_id, headers=headers)
+        except BaseException:
+            await followed.aclose()
+            raise
+        return followed
+
+
+class RequestStream:
+    """One request's debate events and turn deltas as they come, then its result
+    (``BusClient.stream``)."""
+
+    def __init__(self, answers: Answers, event_type: str, request_id: str,
+                 events: AsyncIterator[Delivery], answer: asyncio.Future[Envelope],
+                 timeout: float) -> None:
+        self.request_id = request_id
+        #: The result envelope, once the stream has ended.
+        self.result: Envelope | None = None
+        self._answers = answers
+        self._event_type = event_type
+        self._events = events
+        self._answer = answer
+        self._deadline = asyncio.get_running_loop().time() + timeout
+        self._grace_end = self._deadline  # set when the result is in
+        self._timeout = timeout
+        self._arrived: asyncio.Queue[BusEvent | None] = asyncio.Queue()
+        self._pump = asyncio.create_task(self._read())
+        answer.add_done_callback(lambda _: self._arrived.put_nowait(None))
+        self._started = False  # its debate's first event was seen
+        self._finished = False  # and its last
+        self._closed = False
+
+    async def _read(self) -> None:
+        """Hand on the request's events. Should the subscription fail, the events stop there
+        (they are for watching) and the stream still ends with the result."""
+        with contextlib.suppress(TransportError):
+            async for delivery in self._events:
+                try:
+                    event = BUS_EVENT_DECODER.decode(delivery.body)
+                except msgspec.DecodeError:
+                    continue  # not an event of debatebus's own wire
+                if event.request_id == self.request_id:
+                    self._arrived.put_nowait(event)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> BusEvent:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            grace = self._grace_end if self._answer.done() else self._deadline
+            try:
+                async with asyncio.timeout_at(grace):
+                    item = await self._arrived.get()
+            except TimeoutError:
+                if not self._answer.done():
+                    await self.aclose()
+                    raise TransportError(
+                        f"no result for request {self.request_id} within {self._timeout} s: is "
+                        f"a worker subscribed to {self._event_type!r} on this broker?") from None
+                break  # the result is in; its last event never came (events not published?)
+            if item is None:  # the result is in
+                self.result = self._answer.result()
+                self._grace_end = loop.time() + (EVENTS_GRACE_S if self._ran() else 0.0)
+                if self._finished or not self._ran():
+                    break
+                continue
+            if item.depth == 0:
+                self._started = self._started or isinstance(item, DebateStarted)
+                self._finished = isinstance(item, DebateCompleted | DebateFailed)
+            return item
+        await self.aclose()
+        raise StopAsyncIteration
+
+    def _ran(self) -> bool:
+        """Whether a debate ran for this answer: it has events to wait for."""
+        assert self.result is not None
+        fields = self.result.payload
+        return self._started or (fields.get("debateReplayed") is not True
+                                 and "debateDurationMs" in fields)
+
+    async def aclose(self) -> None:
+        """End the subscriptions (the stream ends with them)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._pump
+        self._answers.forget(self._event_type, self.request_id)
+        await _close(self._events)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+async def _close(deliveries: AsyncIterator[Delivery]) -> None:
+    aclose = getattr(deliveries, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 class Answers:

@@ -48,7 +48,7 @@ from debatebus.schemas.envelope import (
     new_message_id,
     now_iso,
 )
-from debatebus.schemas.events import DebateEvent
+from debatebus.schemas.events import BusEvent, DebateEvent
 from debatebus.transports import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
@@ -183,8 +183,10 @@ class Settler:
         outcome: Outcome
         if not await self.transport.dialect.claim(delivery, request.request_id):
             return _LEFT_ALONE
-        handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery,
-                                  self.transport, self._event_types(ctx), self.answers)
+        # One publisher for the debate's events and its turn deltas (``stream_turns``).
+        publish = self._publisher(request) if self.publish_events else None
+        handling = HandlerContext(request.request_id, self._on_event(publish, ctx), delivery,
+                                  self.transport, self._event_types(ctx), self.answers, publish)
         try:
             result = await route.handle(request.payload, handling)
         except InputError as exc:
@@ -271,24 +273,35 @@ class Settler:
             return None
         return self.observer.debate_event_types()
 
-    def _on_event(self, request: Envelope, ctx: RequestContext | None) -> OnEvent | None:
-        """The debate's event callback: observers see events, ``debate:events`` carries them."""
+    def _on_event(self, publish: Callable[[BusEvent], Awaitable[None]] | None,
+                  ctx: RequestContext | None) -> OnEvent | None:
+        """The debate's event callback: observers see events, ``debate:events`` carries them
+        (``publish``, when the worker publishes events)."""
         observer = self.observer
-        if not self.publish_events:
+        if publish is None:
             if observer is None or ctx is None:
                 return None
             return lambda event: observer.debate_event(ctx, event)
-        failing = False
 
-        async def publish(event: DebateEvent) -> None:
-            nonlocal failing
+        async def watched(event: DebateEvent) -> None:
             if observer is not None and ctx is not None:
                 observer.debate_event(ctx, event)
+            await publish(event)
+
+        return watched if observer is not None and ctx is not None else publish
+
+    def _publisher(self, request: Envelope) -> Callable[[BusEvent], Awaitable[None]]:
+        """Publishes one event or turn delta of ``request``'s debate on ``debate:events``; a
+        broker error is logged (once per request), never raised: events are for watching."""
+        failing = False
+
+        async def publish(event: BusEvent) -> None:
+            nonlocal failing
             try:
                 body = self.transport.dialect.event_body(
                     request.request_id, event.seq, EVENT_ENCODER.encode(event))
                 await self.transport.publish(Outgoing(self.events_topic, body, key=request.request_id))
-            except TransportError as exc:  # events are for watching: the debate goes on
+            except TransportError as exc:  # the debate goes on
                 if not failing:
                     log.warning("could not publish events of %s on %s (the debate goes on): %s",
                                 request.request_id, self.events_topic, exc)

@@ -20,7 +20,7 @@ from debatebus.client import BusClient
 from debatebus.engine.debate import Debate
 from debatebus.llm.fakes import FunctionLLM, ScriptedLLM
 from debatebus.schemas.envelope import Envelope
-from debatebus.schemas.events import EVENT_DECODER, DebateEvent
+from debatebus.schemas.events import BUS_EVENT_DECODER, BusEvent, DebateEvent, TurnDelta
 from debatebus.transports import Outgoing
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import EVENTS_TOPIC, DebateBus, Handler
@@ -67,8 +67,16 @@ class DebateTestBus:
         await self.client.transport.publish(Outgoing(self.event_type, body))
 
     def events(self, request_id: str | None = None) -> list[DebateEvent]:
-        """Debate events published so far (all, or one request's), in order."""
-        decoded = [EVENT_DECODER.decode(m.body) for m in self.broker.log(EVENTS_TOPIC)]
+        """Debate events published so far (all, or one request's), in order; not turn deltas."""
+        return [e for e in self._published(request_id) if not isinstance(e, TurnDelta)]
+
+    def deltas(self, request_id: str | None = None) -> list[TurnDelta]:
+        """Turn deltas published so far (all, or one request's), in order: a handler made with
+        ``as_handler(stream_turns=True)`` publishes them."""
+        return [e for e in self._published(request_id) if isinstance(e, TurnDelta)]
+
+    def _published(self, request_id: str | None) -> list[BusEvent]:
+        decoded = [BUS_EVENT_DECODER.decode(m.body) for m in self.broker.log(EVENTS_TOPIC)]
         return [e for e in decoded if request_id is None or e.request_id == request_id]
 
     def dead_letters(self) -> list[Outgoing]:

@@ -5,11 +5,15 @@ speaker, pid) so tests can count the calls each debate cost across worker proces
 
 Knobs: ``DBB_BROKER``, ``DBB_EVENT_TYPE`` (required); ``DBB_GROUP``, ``DBB_CONCURRENCY``,
 ``DBB_DRAIN_TIMEOUT``, ``DBB_CLAIM_IDLE_MS``, ``DBB_DELAY`` (seconds per call),
-``DBB_ROUNDS``, ``DBB_JUDGE``, ``DBB_MAX_DELIVERIES``, ``DBB_PUBLISH_EVENTS=1``; ``DBB_STORE`` (an
+``DBB_ROUNDS``, ``DBB_JUDGE``, ``DBB_MAX_DELIVERIES``, ``DBB_PUBLISH_EVENTS=1`` (on
+``DBB_EVENTS_TOPIC``, default ``debate:events``); ``DBB_STORE`` (an
 explicit checkpoint store URL; without it the handler is the default one that ``DebateBus``
 makes durable); ``DBB_LEASE_TTL`` (seconds; 2 with ``DBB_STORE``, else the handler's default);
 ``DBB_MODEL`` (a model string for ``resolve_llm`` instead of the logged FunctionLLM);
-``DBB_HEARTBEAT_INTERVAL`` (seconds between heartbeats, default the worker's). An input
+``DBB_HEARTBEAT_INTERVAL`` (seconds between heartbeats, default the worker's);
+``DBB_STREAM_TURNS=1`` streams turns (``stream_turns=True``); ``DBB_WORDS`` adds that many words
+to each free-text answer, and ``DBB_STREAM_PAUSE`` is the seconds between the words of a streamed
+one. An input
 containing ``HUGE_RESULT`` makes every speaker answer ``DBB_HUGE_BYTES`` (default 1.2 MB) of
 text, so the result is too large for the broker.
 
@@ -76,6 +80,10 @@ async def _answer(request: LLMRequest) -> Any:
     asked = _sub_debate_answer(request)
     if asked is not None:
         return asked
+    words = int(os.environ.get("DBB_WORDS", "0"))
+    if words:
+        return f"{request.speaker} in round {request.round}: " + " ".join(
+            f"w{i}" for i in range(words))
     return f"{request.speaker} in round {request.round}"
 
 
@@ -85,7 +93,7 @@ def _llm() -> Any:
         from debatebus.llm import resolve_llm
 
         return resolve_llm(model)
-    return FunctionLLM(_answer)
+    return FunctionLLM(_answer, stream_pause_s=float(os.environ.get("DBB_STREAM_PAUSE", "0")))
 
 
 def build_debate() -> Debate:
@@ -136,6 +144,7 @@ def app() -> DebateBus:
         drain_timeout=float(os.environ.get("DBB_DRAIN_TIMEOUT", "30")),
         max_deliveries=int(os.environ.get("DBB_MAX_DELIVERIES", "5")),
         publish_events=os.environ.get("DBB_PUBLISH_EVENTS") == "1",
+        events_topic=os.environ.get("DBB_EVENTS_TOPIC", "debate:events"),
         transport_options=_transport_options(url),
         heartbeat_interval_s=float(os.environ.get("DBB_HEARTBEAT_INTERVAL", "5")),
     )
@@ -148,5 +157,7 @@ def app() -> DebateBus:
     lease_ttl = os.environ.get("DBB_LEASE_TTL", "2" if store_url else "")
     if lease_ttl:
         options["lease_ttl_s"] = float(lease_ttl)
+    if os.environ.get("DBB_STREAM_TURNS") == "1":
+        options["stream_turns"] = True
     bus.subscribe(os.environ["DBB_EVENT_TYPE"], build_debate().as_handler(**options))
     return bus

@@ -3,6 +3,8 @@
 ``FakeAPI`` is a starlette app on uvicorn in a background thread (its own event loop, so it serves
 tests running on any loop). Tests queue ``Reply``s; each request takes the next one, or a default
 success in the shape of the path's API (Chat Completions or Messages). Every request is recorded.
+A reply with ``stream`` sends server-sent events (``chat_chunks``, ``anthropic_events``) one
+write at a time, and with ``break_off`` drops the connection before the end.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.support.servers import free_port
 
-__all__ = ["FakeAPI", "LlamaServer", "Recorded", "Reply", "anthropic_message", "chat_completion"]
+__all__ = ["FakeAPI", "LlamaServer", "Recorded", "Reply", "anthropic_events", "anthropic_message",
+           "chat_chunks", "chat_completion"]
 
 
 def chat_completion(
@@ -68,6 +71,52 @@ def anthropic_message(
     }
 
 
+def _event(data: Any, name: str | None = None) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+def chat_chunks(pieces: list[str], prompt_tokens: int = 11,
+                completion_tokens: int | None = None) -> tuple[bytes, ...]:
+    """A streamed chat completion: a chunk per piece, the usage chunk, then ``[DONE]``."""
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
+                "model": "fake-model",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    answer = len(pieces) if completion_tokens is None else completion_tokens
+    usage = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
+             "model": "fake-model", "choices": [],
+             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": answer,
+                       "total_tokens": prompt_tokens + answer}}
+    return (_event(chunk({"role": "assistant", "content": ""})),
+            *(_event(chunk({"content": piece})) for piece in pieces),
+            _event(chunk({}, "stop")), _event(usage), b"data: [DONE]\n\n")
+
+
+def anthropic_events(pieces: list[str], input_tokens: int = 10,
+                     output_tokens: int | None = None) -> tuple[bytes, ...]:
+    """A streamed Messages answer: its start, a text delta per piece, its usage and its stop."""
+    answer = len(pieces) if output_tokens is None else output_tokens
+    start = {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "fake-claude",
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 1}}}
+    return (
+        _event(start, "message_start"),
+        _event({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}, "content_block_start"),
+        *(_event({"type": "content_block_delta", "index": 0,
+                  "delta": {"type": "text_delta", "text": piece}}, "content_block_delta")
+          for piece in pieces),
+        _event({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+        _event({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                                   "stop_sequence": None},
+                "usage": {"output_tokens": answer}}, "message_delta"),
+        _event({"type": "message_stop"}, "message_stop"),
+    )
+
+
 def anthropic_error(status: int, kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}, "status": status}
 
@@ -80,6 +129,9 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     content_type: str = "application/json"
+    stream: tuple[bytes, ...] | None = None  # server-sent events, written one by one
+    stream_delay: float = 0.0  # before each of them
+    break_off: bool = False  # drop the connection after the stream's first half
 
 
 @dataclass(frozen=True)
@@ -94,6 +146,17 @@ def _default(path: str) -> Reply:
     if path.endswith("/messages"):
         return Reply(json=anthropic_message())
     return Reply(json=chat_completion())
+
+
+async def _written(reply: Reply) -> Any:
+    assert reply.stream is not None
+    events = reply.stream[: len(reply.stream) // 2] if reply.break_off else reply.stream
+    for event in events:
+        if reply.stream_delay:
+            await asyncio.sleep(reply.stream_delay)
+        yield event
+    if reply.break_off:
+        raise ConnectionAbortedError("the fake API drops the stream")  # uvicorn cuts it off
 
 
 class FakeAPI:
@@ -130,6 +193,9 @@ class FakeAPI:
         reply = self.replies.popleft() if self.replies else _default(request.url.path)
         if reply.delay:
             await asyncio.sleep(reply.delay)
+        if reply.stream is not None:
+            return StreamingResponse(_written(reply), reply.status, reply.headers,
+                                     media_type="text/event-stream")
         if reply.text is not None:
             return Response(reply.text, reply.status, reply.headers, media_type=reply.content_type)
         return JSONResponse(reply.json, reply.status, reply.headers)

@@ -102,6 +102,32 @@ async def test_plain_output_shows_turns_verdict_and_outcome(
     assert out.index("Ship faster.") < out.index("Too complex.") < out.index("Teams scale.")
 
 
+async def test_turns_are_printed_as_they_are_written_and_as_the_transcript_keeps_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entries = list(JUDGED)
+    entries[2] = "critic: Too complex.\noptimist: Not at all."  # cleaning keeps "Too complex."
+    code = await run_cmd.run(parse("Microservices?", "--llm", script(tmp_path, entries), "--judge"))
+    out = capsys.readouterr().out
+    assert code == 0
+    written = out[out.index("critic (round 1):"):]
+    # The raw pieces as they came, then the turn's figures, then what the transcript kept.
+    assert written.startswith("critic (round 1):\ncritic: Too complex.\noptimist: Not at all.\n")
+    assert "(round 1 · " in written
+    assert "kept as: Too complex." in written
+    assert out.count("Start with a modular monolith.") == 1  # typed, not printed again after
+
+
+async def test_no_stream_prints_each_turn_once_it_is_finished(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = parse("Microservices?", "--llm", script(tmp_path, JUDGED), "--judge", "--no-stream")
+    assert await run_cmd.run(args) == 0
+    out = capsys.readouterr().out
+    assert "optimist (round 1 · " in out  # the figures head the turn: it came whole
+    assert "kept as" not in out
+
+
 async def test_json_output_is_the_result_document(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -136,8 +162,18 @@ class RecordingScreen:
     def heading(self, text: str) -> None:
         self.lines.append(text)
 
-    def speech(self, speaker: str, colour: str, meta: str, text: str) -> None:
+    def speech(self, speaker: str, colour: str, meta: str, text: str,
+               typed: str | None = None) -> None:
         self.lines.append(f"{speaker}|{colour}|{text}")
+
+    def typing(self, speaker: str, colour: str, what: str) -> None:
+        self.lines.append(f"typing {speaker} {what}")
+
+    def more(self, piece: str) -> None:
+        self.lines.append(f"+{piece}")
+
+    def typed(self) -> None:
+        self.lines.append("typed")
 
     def note(self, text: str) -> None:
         self.lines.append(text)

@@ -142,9 +142,9 @@ def test_channels_operations_and_bindings() -> None:
     assert request["bindings"]["kafka"]["key"]["type"] == "string"
     # one message per event type, named by its ``type`` tag
     assert "turn_completed" in channels["debateEvents"]["messages"]
-    assert len(document["operations"]["sendDebateEvents"]["messages"]) == len(EVENT_TYPES) == 16
+    assert len(document["operations"]["sendDebateEvents"]["messages"]) == len(EVENT_TYPES) == 17
     messages = document["components"]["messages"].values()
-    assert len({m["name"] for m in messages}) == 4 + 16  # no message shadows another
+    assert len({m["name"] for m in messages}) == 4 + 17  # no message shadows another
 
 
 #: Every ``debate*`` field of a result (``schemas.results``).

@@ -16,7 +16,7 @@ from debatebus.engine.transcript import Round
 from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES, MAX_DEPTH_LIMIT
 from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import Envelope
-from debatebus.schemas.events import EVENT_TYPES, DebateEvent
+from debatebus.schemas.events import EVENT_TYPES, BusEvent
 from debatebus.schemas.usage import TokenUsage
 from debatebus.transports.kafka.names import (
     DELIVERIES_HEADER,
@@ -234,7 +234,7 @@ def schema_components() -> dict[str, Any]:
     roots = [Envelope, RequestPayload, ResultPayload, DeadLetterHeaders, RedisDeadLetterEntry,
              *EVENT_TYPES]
     _, schemas = msgspec.json.schema_components(roots, ref_template=SCHEMA_REF)
-    (union,), _ = msgspec.json.schema_components([DebateEvent], ref_template=SCHEMA_REF)
+    (union,), _ = msgspec.json.schema_components([BusEvent], ref_template=SCHEMA_REF)
     envelope = schemas["Envelope"]
     schemas.update(
         RequestEnvelope=_narrowed(envelope, "RequestPayload", _REQUEST_ENVELOPE),

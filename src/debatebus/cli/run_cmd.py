@@ -1,8 +1,10 @@
-"""``debatebus run "question"``: one debate in the terminal, each turn shown as it finishes.
+"""``debatebus run "question"``: one debate in the terminal, each turn shown as the model writes it
+(``--no-stream``: as it finishes).
 
-On a terminal with ``rich`` installed, speaker names are coloured and a spinner runs while a model
-works; otherwise (piped output, no rich) the same lines are printed as plain text. ``--json``
-prints only the result document, for scripts.
+On a terminal with ``rich`` installed, speaker names are coloured, a spinner runs while a model
+thinks and a turn's text grows in place as it is written, then is printed as the transcript keeps
+it; otherwise (piped output, no rich) the pieces are printed as they come, then the turn's figures.
+``--json`` prints only the result document, for scripts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from debatebus.engine import Debate, interpret_phi_hat
 from debatebus.engine.cross_pollination import ROUNDS as CROSS_POLLINATION_ROUNDS
 from debatebus.engine.definition import PROTOCOLS, Judge
 from debatebus.engine.prompts import LANGUAGES
+from debatebus.engine.run import TurnKey
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.results import result_fields, to_builtins
 from debatebus.presets import PRESETS
@@ -27,7 +30,7 @@ from debatebus.schemas import events as ev
 if TYPE_CHECKING:
     from debatebus.engine.result import DebateResult
 
-__all__ = ["DebateView", "add_parser", "run", "screen_for"]
+__all__ = ["DebateView", "TypedTurn", "add_parser", "run", "screen_for"]
 
 _PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red")
 _MODERATOR_COLOUR = "bright_white"
@@ -63,6 +66,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         "'default' for debatebus.pricing.DEFAULT_PRICES; the outcome then says "
                         "what it cost when every model is priced")
     parser.add_argument("--json", action="store_true", help="print the result document only")
+    parser.add_argument("--no-stream", action="store_true",
+                        help="show each turn once it is finished, not as the model writes it")
     parser.set_defaults(func=run)
 
 
@@ -99,7 +104,8 @@ async def run(args: argparse.Namespace) -> int:
         return 0 if result.ok else 1
     view = DebateView(debate, screen_for(sys.stdout))
     try:
-        result = await debate.run(args.question, on_event=view.on_event)
+        result = await debate.run(args.question, on_event=view.on_event,
+                                  on_text=None if args.no_stream else view.on_text)
     finally:
         view.screen.close()
     view.summary(result, _stop_rule(debate))
@@ -120,7 +126,17 @@ def _stop_rule(debate: Debate) -> str:
 class Screen(Protocol):
     def heading(self, text: str) -> None: ...
 
-    def speech(self, speaker: str, colour: str, meta: str, text: str) -> None: ...
+    def speech(self, speaker: str, colour: str, meta: str, text: str,
+               typed: str | None = None) -> None:
+        """A finished turn; ``typed``: its raw text, shown already as it was written."""
+
+    def typing(self, speaker: str, colour: str, what: str) -> None:
+        """A turn starts being written: its pieces follow (``more``) until ``typed``."""
+
+    def more(self, piece: str) -> None: ...
+
+    def typed(self) -> None:
+        """The turn being written is finished (its ``speech`` follows) or abandoned."""
 
     def note(self, text: str) -> None: ...
 
@@ -141,8 +157,24 @@ class PlainScreen:
     def heading(self, text: str) -> None:
         self._print(f"\n== {text} ==")
 
-    def speech(self, speaker: str, colour: str, meta: str, text: str) -> None:
-        self._print(f"\n{speaker} ({meta}):\n{text.strip()}")
+    def speech(self, speaker: str, colour: str, meta: str, text: str,
+               typed: str | None = None) -> None:
+        if typed is None:
+            self._print(f"\n{speaker} ({meta}):\n{text.strip()}")
+            return
+        self._print(f"({meta})")
+        if text.strip() != typed.strip():  # cleaned: another speaker's lines cut, a heading
+            self._print(f"kept as: {text.strip()}")
+
+    def typing(self, speaker: str, colour: str, what: str) -> None:
+        self._print(f"\n{speaker} ({what}):")
+
+    def more(self, piece: str) -> None:
+        self._out.write(piece)
+        self._out.flush()
+
+    def typed(self) -> None:
+        self._print("")
 
     def note(self, text: str) -> None:
         self._print(text)
@@ -163,16 +195,41 @@ class RichScreen:
         self._console = Console(file=out, highlight=False)
         self._spinner = self._console.status("starting…", spinner="dots")
         self._spinner.start()
+        self._live: Any = None  # the turn being written, shown in place of the spinner
+        self._writing: Any = None
 
     def heading(self, text: str) -> None:
         self._console.rule(text, style="dim")
 
-    def speech(self, speaker: str, colour: str, meta: str, text: str) -> None:
+    def speech(self, speaker: str, colour: str, meta: str, text: str,
+               typed: str | None = None) -> None:
+        # What was typed showed in a transient region: the turn is printed whole, as kept.
         from rich.text import Text
 
         line = Text.assemble((speaker, f"bold {colour}"), (f"  {meta}", "dim"))
         self._console.print(line)
         self._console.print(Text(text.strip()), end="\n\n")  # Text: model output is not markup
+
+    def typing(self, speaker: str, colour: str, what: str) -> None:
+        from rich.live import Live
+        from rich.text import Text
+
+        self._spinner.stop()  # one live region at a time
+        self._writing = Text.assemble((speaker, f"bold {colour}"), (f"  {what}…\n", "dim"))
+        self._live = Live(self._writing, console=self._console, transient=True,
+                          refresh_per_second=12)
+        self._live.start()
+
+    def more(self, piece: str) -> None:
+        if self._live is not None:
+            self._writing.append(piece)  # appended as text, never read as markup
+            self._live.update(self._writing)
+
+    def typed(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = self._writing = None
+            self._spinner.start()
 
     def note(self, text: str) -> None:
         from rich.text import Text
@@ -183,6 +240,7 @@ class RichScreen:
         self._spinner.update(text)
 
     def close(self) -> None:
+        self.typed()
         self._spinner.stop()
 
 
@@ -212,6 +270,10 @@ class DebateView:
         self._synthesizer = writer.name if writer is not None else None
         self._moderator = spec.moderator.name if spec.moderator is not None else None
         self._spoken: set[str] = set()
+        #: Raw text of turns shown as they were written, by (round, speaker), until reported;
+        #: the synthesis's, reported in the summary.
+        self._typed: dict[tuple[int, str], str] = {}
+        self._typed_synthesis: str | None = None
         self._colours = {
             name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate(self._participants)
         }
@@ -220,6 +282,27 @@ class DebateView:
         if speaker == "judge":
             return _JUDGE_COLOUR
         return self._colours.get(speaker, _MODERATOR_COLOUR)
+
+    def on_text(self, key: TurnKey) -> TypedTurn:
+        """Where the engine writes a turn's text as the model writes it (``Debate.run``'s
+        ``on_text``)."""
+        return TypedTurn(self, key)
+
+    def typing_started(self, key: TurnKey) -> None:
+        if key.purpose == "synthesis":
+            self.screen.heading("Synthesis")
+        what = key.purpose if key.round == 0 or key.purpose == "synthesis" else f"round {key.round}"
+        self.screen.typing(key.speaker, self._colour(key.speaker), what)
+
+    def typing_ended(self, key: TurnKey, typed: str | None) -> None:
+        """The turn is written (``typed``: its raw text) or abandoned (None)."""
+        self.screen.typed()
+        if typed is None:
+            return
+        if key.purpose == "synthesis":
+            self._typed_synthesis = typed
+        else:
+            self._typed[key.round, key.speaker] = typed
 
     def on_event(self, event: ev.DebateEvent) -> None:
         self._show(event)
@@ -240,6 +323,7 @@ class DebateView:
                     event.usage.total_tokens,
                     event.duration_ms,
                     event.text,
+                    0,
                 )
             case ev.RoundStarted():
                 self._spoken.clear()
@@ -254,9 +338,11 @@ class DebateView:
                     event.usage.total_tokens,
                     event.duration_ms,
                     event.text,
+                    event.round,
                 )
             case ev.TurnFailed():
                 self._spoken.add(event.speaker)
+                self._typed.pop((event.round, event.speaker), None)
                 self.screen.note(f"{event.speaker} failed in round {event.round}: {event.error}")
             case ev.VerdictReached():
                 self._speech(
@@ -269,9 +355,11 @@ class DebateView:
             case _:
                 pass  # synthesis, Φ̂ and the outcome are part of the summary
 
-    def _speech(self, speaker: str, what: str, tokens: int, duration_ms: float, text: str) -> None:
+    def _speech(self, speaker: str, what: str, tokens: int, duration_ms: float, text: str,
+                round_number: int | None = None) -> None:
         meta = f"{what} · {tokens} tokens · {duration_ms / 1000:.1f} s"
-        self.screen.speech(speaker, self._colour(speaker), meta, text)
+        typed = None if round_number is None else self._typed.pop((round_number, speaker), None)
+        self.screen.speech(speaker, self._colour(speaker), meta, text, typed)
 
     def _waiting_for(self, event: ev.DebateEvent) -> str | None:
         if isinstance(event, ev.DebateCompleted | ev.DebateFailed | ev.PhiUpdate):
@@ -294,16 +382,51 @@ class DebateView:
     def summary(self, result: DebateResult, stop_rule: str) -> None:
         screen = self.screen
         if result.synthesis:
-            screen.heading("Synthesis")
-            screen.speech(
-                self._synthesizer or "synthesis", _MODERATOR_COLOUR, "synthesis", result.synthesis
-            )
+            typed = self._typed_synthesis
+            if typed is None:  # else its heading came as it was written
+                screen.heading("Synthesis")
+            screen.speech(self._synthesizer or "synthesis", _MODERATOR_COLOUR, "synthesis",
+                          result.synthesis, typed)
         if result.verdict is not None:
             screen.heading("Verdict")
             screen.note(_verdict_text(to_builtins(result.verdict)))
         screen.heading("Outcome")
         for line in _outcome_lines(result, stop_rule):
             screen.note(line)
+
+
+class TypedTurn:
+    """One turn shown as the model writes it (a ``TurnText``): its pieces go to the screen, and
+    its raw text to the view, which reports the finished turn against it."""
+
+    interval_s = 0.0  # each piece printed as it comes
+
+    def __init__(self, view: DebateView, key: TurnKey) -> None:
+        self._view = view
+        self._key = key
+        self._parts: list[str] | None = None  # None until the first piece
+        self._done = False
+
+    def write(self, piece: str) -> None:
+        if self._done:
+            return
+        if self._parts is None:
+            self._view.typing_started(self._key)
+            self._parts = []
+        self._parts.append(piece)
+        self._view.screen.more(piece)
+
+    async def commit(self, text: str) -> None:
+        self._end("".join(self._parts) if self._parts is not None else None)
+
+    def discard(self) -> None:
+        self._end(None)
+
+    def _end(self, typed: str | None) -> None:
+        if not self._done:
+            self._done = True
+            if self._parts is not None:
+                self._view.typing_ended(self._key, typed)
 
 
 def _verdict_text(verdict: Any) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from debatebus.cli.common import add_broker, broker_url, port, positive_int
+from debatebus.durations import duration_s
 from debatebus.exceptions import ConfigError
 from debatebus.redaction import redact
 
@@ -54,7 +55,24 @@ def add_parser(sub: Any) -> None:
                      help="debates kept in memory (default 200)")
     web.add_argument("--events-topic", default="debate:events",
                      help="where workers publish debate events (DebateBus(events_topic=…))")
+    web.add_argument("--catch-up", type=_catch_up, default="24h", metavar="DURATION",
+                     help="at start, read the events topic's history this far back (30m, 24h, "
+                          "7d; 0: none; all: the whole topic), so the page still shows the "
+                          "debates before a restart (default 24h)")
     web.set_defaults(func=_web)
+
+
+def _catch_up(value: str) -> float | None:
+    """An argparse type: a duration in seconds, 0 for none, or None ("all") for everything."""
+    if value.strip().lower() == "all":
+        return None
+    if value.strip() == "0":
+        return 0.0
+    seconds = duration_s(value)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"must be a duration (30m, 24h, 7d), 0 or all, not "
+                                         f"{value!r}")
+    return seconds
 
 
 def render_asyncapi(document: dict[str, Any], fmt: str) -> str:
@@ -97,7 +115,7 @@ async def _web(args: argparse.Namespace) -> int:
     server = build_server(url, host=args.host, port=args.port,
                           token=args.token or os.environ.get(TOKEN_ENV) or None,
                           allowed_hosts=args.allowed_host or (), history=args.history,
-                          events_topic=args.events_topic)
+                          events_topic=args.events_topic, catch_up_s=args.catch_up)
     print(f"debatebus web: following {args.events_topic} on {redact(url)}; a debate shows up only "
           "when its worker publishes events: DebateBus(..., publish_events=True)",
           file=sys.stderr, flush=True)

@@ -12,11 +12,10 @@ from debatebus.engine.phi import compute_phi_hat
 from debatebus.engine.rules import DebateFailure, require_a_survivor
 from debatebus.engine.run import Run
 from debatebus.engine.steps import (
-    clean_text,
     finish_round,
     frame,
     model_of,
-    role_call,
+    role_text,
     speak,
     start_round,
 )
@@ -55,9 +54,8 @@ async def _audience(run: Run) -> str:
         who = run.spec.audience_speaker
         usage_before = await start_round(run, AUDIENCE, "audience")
         prompt = run.prompt("audience", who.name, AUDIENCE, audience=run.spec.audience)
-        response, elapsed = await role_call(run, who, "audience", AUDIENCE, prompt)
+        response, text, elapsed = await role_text(run, who, "audience", AUDIENCE, prompt)
         usage = response.usage or ZERO_USAGE
-        text = clean_text(run, who, "audience", response.text)
         turn = Turn(speaker=who.name, round=AUDIENCE, text=text, usage=usage)
         await run.emit(
             ev.TurnCompleted,

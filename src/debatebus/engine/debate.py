@@ -19,7 +19,7 @@ from debatebus.engine.people import PeopleRunner
 from debatebus.engine.result import DebateResult, Progress, Status
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
-from debatebus.engine.run import EventTypes, OnCommit, OnEvent, Run
+from debatebus.engine.run import EventTypes, OnCommit, OnEvent, OnText, Run
 from debatebus.engine.steps import emit_phi, finish, synthesize
 from debatebus.engine.subdebates import ChildRunner, InProcessChildren, SubDebateSession
 from debatebus.engine.transcript import Turn
@@ -106,6 +106,7 @@ class Debate(DebateSpec):
         depth: int = 0,
         event_types: EventTypes = None,
         people: PeopleRunner | None = None,
+        on_text: OnText | None = None,
     ) -> DebateResult:
         """Run the debate to its end. Never raises for model failures: a failed debate returns
         ``status="failed"`` with its partial transcript and every token spent.
@@ -115,18 +116,13 @@ class Debate(DebateSpec):
         ``depth`` is this run's own (0 at the top; a sub-debate's events carry it).
         ``event_types``: the kinds of event ``on_event`` takes (None: all); no other is built.
         ``people`` asks the people (``HumanParticipant``) for their turns: a bus handler passes
-        one that publishes turn requests; without one their turns fail (docs/people.md)."""
+        one that publishes turn requests; without one their turns fail (docs/people.md).
+        ``on_text`` streams each free-text call (turns, framing, synthesis) as the model writes
+        it, to the ``TurnText`` it gives for the call's ``TurnKey`` (``debatebus.engine.run``;
+        sub-debates run in this process are not streamed)."""
         run, session = self._start(question, debate_id, on_event, max_rounds, resume, on_commit,
-                                   request_id, children, depth, event_types, people)
-        await run.emit(
-            ev.DebateStarted,
-            question=question,
-            debate_name=self.name,
-            protocol=self.protocol,
-            participants=[p.name for p in self.participants],
-            max_rounds=run.max_rounds,
-            resumed_from_round=run.resumed_from,
-        )
+                                   request_id, children, depth, event_types, people, on_text)
+        await self._announce(run)
         # Played here, within the deadline, not in a coroutine of its own (one frame fewer per
         # debate in flight). A DebateFailure or the deadline ends the run failed, keeping what
         # the protocol had decided (its Φ̂).
@@ -152,6 +148,17 @@ class Debate(DebateSpec):
         await self._report(result)
         return result
 
+    async def _announce(self, run: Run) -> None:
+        await run.emit(
+            ev.DebateStarted,
+            question=run.question,
+            debate_name=self.name,
+            protocol=self.protocol,
+            participants=[p.name for p in self.participants],
+            max_rounds=run.max_rounds,
+            resumed_from_round=run.resumed_from,
+        )
+
     async def _report(self, result: DebateResult) -> None:
         """Hand ``on_metrics``, if any, the run's metrics."""
         if self.on_metrics is not None:
@@ -163,7 +170,8 @@ class Debate(DebateSpec):
                max_rounds: int | None, resume: Progress | None, on_commit: OnCommit | None,
                request_id: str | None, children: ChildRunner | None,
                depth: int, event_types: EventTypes,
-               people: PeopleRunner | None) -> tuple[Run, SubDebateSession | None]:
+               people: PeopleRunner | None,
+               on_text: OnText | None) -> tuple[Run, SubDebateSession | None]:
         """``run``'s arguments, checked: the new run and its sub-debate session, if any."""
         if not isinstance(question, str):
             raise ConfigError(f"the question must be a string, got {type(question).__name__}")
@@ -182,6 +190,7 @@ class Debate(DebateSpec):
             max_rounds=max_rounds,
             event_types=event_types,
             people=people,
+            on_text=on_text,
         )
         if self.sub_debates is None:
             return run, None
@@ -193,7 +202,9 @@ class Debate(DebateSpec):
         directly), durable by default. ``options`` are ``DebateHandler``'s, documented there:
         ``store``, ``durable``, ``lease_ttl_s``, ``store_outage_s``, ``owner``,
         ``max_input_bytes``, ``drift``, ``presets`` (the ``debatebus.presets`` a request may
-        pick with ``payload.preset``)."""
+        pick with ``payload.preset``), ``retention_s``, ``input_field``, ``stream_turns`` and
+        ``stream_interval_s`` (each turn's text published while it is written:
+        docs/streaming.md)."""
         # Imported here: the handlers build on the engine, not the other way round.
         from debatebus.handlers.handler import DebateHandler
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from debatebus.engine.definition import DebateSpec, Judge, Participant, fixed_fields
 from debatebus.engine.people import NoPeople, PeopleRunner, PlayedTurn
@@ -32,7 +33,7 @@ from debatebus.llm.base import LLMRequest, Message
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
-__all__ = ["EventTypes", "OnCommit", "OnEvent", "Run"]
+__all__ = ["EventTypes", "OnCommit", "OnEvent", "OnText", "Run", "TurnKey", "TurnText"]
 
 OnEvent = Callable[[ev.DebateEvent], Awaitable[None] | None]
 #: The kinds of event an ``OnEvent`` takes: the run builds no other. None: every kind.
@@ -44,6 +45,43 @@ _NO_ASKS: dict[tuple[str, int], int] = {}
 OnCommit = Callable[[Progress, Turn | Round | PlayedTurn], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class TurnKey:
+    """Which turn a text is written for: its round (0: the framing), speaker and purpose
+    (``opening``, ``framing``, ``synthesis``…)."""
+
+    round: int
+    speaker: str
+    purpose: str
+
+
+class TurnText(Protocol):
+    """Where the text of one turn goes while the model writes it (``OnText``).
+
+    ``write`` gets each piece of the model's answer as it arrives, raw (the transcript keeps it
+    cleaned: cut where another speaker starts, within the phase's word limit); ``commit`` gets
+    the turn's text as the transcript keeps it ("" for a failed turn), before the turn is
+    reported, and ends it; ``discard`` ends it without a text of its own (the debate stopped
+    there, or the turn is asked again: the new answer comes to a new ``TurnText``). Only the
+    first of ``commit`` and ``discard`` counts. ``interval_s``: how often it takes pieces at
+    most (``LLM.stream``'s; 0, as they come)."""
+
+    @property
+    def interval_s(self) -> float: ...
+
+    def write(self, piece: str) -> None: ...
+
+    async def commit(self, text: str) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+#: Given to a run, it streams its free-text calls (turns, framing, synthesis; a judge's
+#: structured answer is never streamed): each call's answer goes to the ``TurnText`` this
+#: returns for its turn, as the model writes it.
+OnText = Callable[[TurnKey], TurnText]
+
+
 class Run:
     """The state of one run. Everything spent is counted here, whatever happens to the run.
 
@@ -52,8 +90,8 @@ class Run:
     and reads everything its debate fixes from the spec."""
 
     __slots__ = ("asked", "debate_id", "event_types", "max_rounds", "on_commit", "on_event",
-                 "people", "progress", "question", "request_id", "resumed_from", "seq", "spec",
-                 "started", "unmetered")
+                 "on_text", "people", "progress", "question", "request_id", "resumed_from", "seq",
+                 "spec", "started", "unmetered")
 
     def __init__(
         self,
@@ -68,6 +106,7 @@ class Run:
         max_rounds: int | None = None,
         event_types: EventTypes = None,
         people: PeopleRunner | None = None,
+        on_text: OnText | None = None,
     ) -> None:
         self.spec = spec
         self.question = question
@@ -76,6 +115,7 @@ class Run:
         self.on_event = on_event
         self.event_types = event_types
         self.on_commit = on_commit
+        self.on_text = on_text
         self.progress = (
             Progress(resume.framing, list(resume.rounds), resume.usage, resume.calls,
                      list(resume.sub_debates), by_speaker=dict(resume.by_speaker),

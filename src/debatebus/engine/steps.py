@@ -3,6 +3,7 @@ judge, synthesis), round bookkeeping, and the final result with its event."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 
@@ -20,10 +21,10 @@ from debatebus.engine.rules import (
     output_of,
     parse_verdict,
 )
-from debatebus.engine.run import Run
+from debatebus.engine.run import Run, TurnKey, TurnText
 from debatebus.engine.transcript import Round, Turn, clean_turn, fit_words, speaker_tags
 from debatebus.exceptions import BudgetExceededError, LLMError, SpendLimitError, TransportError
-from debatebus.llm.base import LLMRequest, LLMResponse, Message, model_name
+from debatebus.llm.base import LLM, LLMRequest, LLMResponse, Message, model_name
 from debatebus.schemas import events as ev
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
@@ -38,6 +39,7 @@ __all__ = [
     "model_of",
     "request_for",
     "role_call",
+    "role_text",
     "speak",
     "start_round",
     "synthesize",
@@ -108,23 +110,46 @@ def model_of(spec: DebateSpec, response: LLMResponse, who: Participant | Judge) 
     return response.model or model_name(spec.llm_for(who))
 
 
+async def _written(llm: LLM, request: LLMRequest, text: TurnText) -> LLMResponse:
+    """The answer to ``request``, streamed: each piece to ``text`` as the model writes it."""
+    async with llm.stream(request, interval_s=text.interval_s) as stream:
+        async for piece in stream:
+            text.write(piece)
+    response = stream.response
+    assert response is not None  # the loop ran to the stream's end
+    return response
+
+
+def _writing(run: Run, who: Participant | Judge, purpose: str, number: int) -> TurnText:
+    assert run.on_text is not None
+    return run.on_text(TurnKey(number, who.name, purpose))
+
+
 async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: Message) -> Turn:
     """A participant's turn under the failure policy: a failed call becomes a failed turn. An
     answer that was all heading or another speaker's turn (nothing left once cleaned; not an
     empty answer, which is kept as is) is asked for once more: a small model that continued the
-    transcript usually answers as itself the second time. A person's turn is asked of them
-    (``people.hear``)."""
+    transcript usually answers as itself the second time. With ``run.on_text`` the answer is
+    streamed to it (the second ask to a new ``TurnText``), and committed before it is reported.
+    A person's turn is asked of them (``people.hear``), and not streamed."""
     people = run.spec.people
     if people and who.name in people:
         return await hear(run, people[who.name], purpose, number, prompt)
     llm = run.spec.llm_for(who)
     started = time.perf_counter()
     spent = ZERO_USAGE
+    writing: TurnText | None = None
     try:
         request = request_for(run, who, purpose, number, prompt)
         for _ in range(2):
             run.count_call(request)
-            response = await llm.complete(request)
+            if run.on_text is None:
+                response = await llm.complete(request)
+            else:
+                if writing is not None:
+                    writing.discard()
+                writing = _writing(run, who, purpose, number)
+                response = await _written(llm, request, writing)
             spent = spent + run.spend(who.name, response.usage)
             text = clean_text(run, who, purpose, response.text)
             if text or not response.text.strip():
@@ -133,28 +158,21 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: M
         # Not the participant's failure: the debate stops (a budget for good; a spend limit
         # until its window ends).
         run.spend_failed(who.name, exc)
+        _discard(writing)
         raise DebateFailure(str(exc), final=isinstance(exc, BudgetExceededError),
                             stop_reason=_stop_reason(exc)) from exc
-    except TransportError:
-        raise  # the broker, store or limiter failed, not the participant: the delivery is released
+    except (TransportError, asyncio.CancelledError):
+        # The broker, store or limiter failed, not the participant (the delivery is released),
+        # or the run was stopped: the turn ends here, without a text.
+        _discard(writing)
+        raise
     except Exception as exc:
         usage = spent + run.spend_failed(who.name, exc)
-        error = _describe(exc)
-        await run.emit(
-            ev.TurnFailed,
-            speaker=who.name,
-            round=number,
-            text="",
-            error=error,
-            usage=usage,
-            model=model_name(llm),
-            duration_ms=(time.perf_counter() - started) * 1000.0,
-        )
-        if run.spec.failure_policy == "strict":
-            raise DebateFailure(
-                f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
-            ) from exc
-        return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
+        if writing is not None:
+            await writing.commit("")
+        return await _failed_turn(run, who, purpose, number, exc, usage, started)
+    if writing is not None:
+        await writing.commit(text)
     if run.wants(ev.TurnCompleted):
         await run.emit(
             ev.TurnCompleted,
@@ -168,6 +186,49 @@ async def speak(run: Run, who: Participant, purpose: str, number: int, prompt: M
     return Turn(speaker=who.name, round=number, text=text, usage=spent)
 
 
+async def _failed_turn(run: Run, who: Participant, purpose: str, number: int, exc: Exception,
+                       usage: TokenUsage, started: float) -> Turn:
+    """``who``'s turn failed by ``exc``, reported: in strict mode the debate fails."""
+    error = _describe(exc)
+    await run.emit(
+        ev.TurnFailed,
+        speaker=who.name,
+        round=number,
+        text="",
+        error=error,
+        usage=usage,
+        model=model_name(run.spec.llm_for(who)),
+        duration_ms=(time.perf_counter() - started) * 1000.0,
+    )
+    if run.spec.failure_policy == "strict":
+        raise DebateFailure(
+            f"participant {who.name!r} failed in round {number} ({purpose}): {error}"
+        ) from exc
+    return Turn(speaker=who.name, round=number, text="", usage=usage, failed=True, error=error)
+
+
+def _discard(writing: TurnText | None) -> None:
+    if writing is not None:
+        writing.discard()
+
+
+async def role_text(run: Run, who: Participant | Judge, purpose: str, number: int,
+                    prompt: Message) -> tuple[LLMResponse, str, float]:
+    """A free-text role call (framing, audience, synthesis): its response, its text as the
+    transcript keeps it, and its duration in ms; any failure fails the debate. With
+    ``run.on_text`` the answer is streamed to it, and committed before it is reported."""
+    writing = _writing(run, who, purpose, number) if run.on_text is not None else None
+    try:
+        response, elapsed = await role_call(run, who, purpose, number, prompt, writing=writing)
+    except BaseException:
+        _discard(writing)
+        raise
+    text = clean_text(run, who, purpose, response.text)
+    if writing is not None:
+        await writing.commit(text)
+    return response, text, elapsed
+
+
 async def role_call(
     run: Run,
     who: Participant | Judge,
@@ -175,14 +236,18 @@ async def role_call(
     number: int,
     prompt: Message,
     schema: type[BaseModel] | None = None,
+    *,
+    writing: TurnText | None = None,
 ) -> tuple[LLMResponse, float]:
     """A moderator, judge or synthesizer call, and its duration in ms: any failure fails the
-    debate."""
+    debate. With ``writing``, the answer is streamed to it."""
     started = time.perf_counter()
     try:
         request = request_for(run, who, purpose, number, prompt, schema)
         run.count_call(request)
-        response = await run.spec.llm_for(who).complete(request)
+        llm = run.spec.llm_for(who)
+        response = (await llm.complete(request) if writing is None
+                    else await _written(llm, request, writing))
     except TransportError:
         raise  # the broker, store or limiter failed, not the model: the delivery is released
     except Exception as exc:
@@ -202,9 +267,8 @@ async def frame(run: Run) -> None:
     if moderator is None or run.progress.framing is not None:
         return
     prompt = run.prompt("framing", moderator.name, 0)
-    response, elapsed = await role_call(run, moderator, "framing", 0, prompt)
+    response, text, elapsed = await role_text(run, moderator, "framing", 0, prompt)
     usage = response.usage or ZERO_USAGE
-    text = clean_text(run, moderator, "framing", response.text)
     turn = Turn(speaker=moderator.name, round=0, text=text, usage=usage)
     await run.commit_framing(turn)
     await run.emit(
@@ -244,9 +308,8 @@ async def judge(run: Run, rnd: Round) -> BaseModel:
 
 async def synthesize(run: Run, call: SynthesisCall) -> Turn:
     who = call.writer
-    response, elapsed = await role_call(run, who, "synthesis", call.round, call.prompt)
+    response, text, elapsed = await role_text(run, who, "synthesis", call.round, call.prompt)
     usage = response.usage or ZERO_USAGE
-    text = clean_text(run, who, "synthesis", response.text)
     await run.emit(
         ev.SynthesisCompleted,
         speaker=who.name,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import ConfigError
+from debatebus.handlers.streaming import OnDelta
 from debatebus.transports.base import Delivery, Transport
 
 if TYPE_CHECKING:
@@ -86,8 +87,9 @@ class HandlerContext:
     """What a handler may need besides the payload: the request's id, where the debate's events
     go (None: nobody listens), the delivery being handled (event type, id, delivery count), the
     transport it came from, to publish on (sub-debates and persons' turns do; None: no bus), the
-    kinds of event ``on_event`` takes (None: all; the engine builds no other), and where to wait
-    for the results of what it publishes."""
+    kinds of event ``on_event`` takes (None: all; the engine builds no other), where to wait for
+    the results of what it publishes, and where a streamed turn's deltas go (None: the worker
+    publishes no events, so nobody could read them)."""
 
     request_id: str
     on_event: OnEvent | None
@@ -97,6 +99,8 @@ class HandlerContext:
     #: The worker's waits for results of requests it publishes (sub-debates, persons' turns), on
     #: ``transport``.
     answers: Answers | None = None
+    #: Publishes one ``TurnDelta`` on the events topic (``as_handler(stream_turns=True)``).
+    on_delta: OnDelta | None = None
 
     @contextlib.asynccontextmanager
     async def waiting(self) -> AsyncIterator[None]:

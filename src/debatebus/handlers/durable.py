@@ -47,7 +47,7 @@ from debatebus.checkpoints.base import CheckpointStore, Counters, Opening, reten
 from debatebus.engine.people import HumanTurnRecord, PlayedTurn
 from debatebus.engine.prompts import PROTOCOL_VERSION
 from debatebus.engine.result import DebateResult, Progress
-from debatebus.engine.run import EventTypes, OnEvent
+from debatebus.engine.run import EventTypes, OnEvent, OnText
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import CheckpointMissingError, LeaseLostError, TransportError
@@ -70,6 +70,7 @@ from debatebus.handlers.children import BusChildren
 from debatebus.handlers.leases import LeaseKeeper
 from debatebus.handlers.people import BusPeople
 from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, fork_fields, result_fields
+from debatebus.handlers.streaming import TurnStreams
 from debatebus.loops import PerLoop
 from debatebus.schemas.envelope import now_iso
 
@@ -148,12 +149,14 @@ class DurableRunner:
                   children: BusChildren | None = None,
                   event_types: EventTypes = None,
                   people: BusPeople | None = None,
+                  streams: TurnStreams | None = None,
                   seed: Progress | None = None) -> dict[str, Any]:
         """The debate's result fields: stored, or from a run (resumed from its checkpoint).
         ``children`` (on a bus) publishes its sub-debates, and ``people`` its persons' turn
         requests, committing each before publishing; ``event_types``: the kinds of event
-        ``on_event`` takes (None: all). ``seed``: what a fork starts from (its parent's first
-        rounds), committed as the debate's first entries when it has none yet."""
+        ``on_event`` takes (None: all); ``streams``: where its turns stream to while they are
+        written (None: they are not streamed). ``seed``: what a fork starts from (its parent's
+        first rounds), committed as the debate's first entries when it has none yet."""
         key, owner = ask.key, self.run_owner()
         header = self._header(ask)
         encoded = encode_header(header)
@@ -166,15 +169,19 @@ class DurableRunner:
         try:
             progress = self._restore(ask, header, encoded, opening)
             expired = opening.expired
+            started_before = opening.header is not None and opening.header != encoded
             del header, encoded, opening  # not held while the debate runs: thousands may be
             if isinstance(progress, str):
                 return failure_fields(ask.debate_id, progress)
             if progress is None and seed is not None:
                 progress = await self._seed(key, seed)
             commits = _Commits(self, ask, progress)
+            on_text = None if streams is None else streams.for_run(
+                started_before=started_before,
+                committed_rounds=len(progress.rounds) if progress is not None else 0)
             try:
                 ran = await self._run_leased(ask, owner, on_event, event_types, commits, children,
-                                             people)
+                                             people, on_text)
             except BaseException:
                 await commits.close(superseded=False)
                 raise
@@ -293,8 +300,8 @@ class DurableRunner:
 
     async def _run_leased(self, ask: Ask, owner: str, on_event: OnEvent | None,
                           event_types: EventTypes, commits: _Commits,
-                          children: BusChildren | None,
-                          people: BusPeople | None) -> DebateResult:
+                          children: BusChildren | None, people: BusPeople | None,
+                          on_text: OnText | None) -> DebateResult:
         """The debate's run under its lease; it returns holding a finishing slot, waited for
         while the lease is still renewed (the caller releases it once the result is stored)."""
         debate_id = ask.debate_id
@@ -311,7 +318,8 @@ class DurableRunner:
             result = await self.debate.run(
                 ask.question, debate_id=debate_id, max_rounds=ask.max_rounds, on_event=on_event,
                 resume=commits.progress, on_commit=commits.commit, request_id=ask.request_id,
-                children=children, depth=ask.depth, event_types=event_types, people=people)
+                children=children, depth=ask.depth, event_types=event_types, people=people,
+                on_text=on_text)
             await self._finishing.get().acquire()
         except asyncio.CancelledError:
             if self.keeper.untrack(owner):

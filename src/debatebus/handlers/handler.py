@@ -37,6 +37,7 @@ from debatebus.handlers.inputs import (
 )
 from debatebus.handlers.people import BusPeople
 from debatebus.handlers.results import echo, result_fields
+from debatebus.handlers.streaming import DEFAULT_STREAM_INTERVAL_S, TurnStreams, check_interval
 from debatebus.presets import PRESETS, preset
 from debatebus.schemas.envelope import is_result_topic
 
@@ -65,6 +66,8 @@ class HandlerOptions(TypedDict, total=False):
     drift: Drift
     retention_s: float | None
     input_field: str | None
+    stream_turns: bool
+    stream_interval_s: float
 
 
 class _SingleFlight:
@@ -128,6 +131,11 @@ class DebateHandler:
     holds the question (None: ``input``, or ``debateOutput`` on a result topic, where the handler
     is a hop of a chain and its payloads are another debate's results).
 
+    ``stream_turns=True`` publishes each turn's text while the model writes it, as ``TurnDelta``
+    events on the worker's events topic (``DebateBus(publish_events=True)``; without it there is
+    nowhere to publish them), at most every ``stream_interval_s`` seconds per turn: see
+    ``debatebus.handlers.streaming``.
+
     A debate is kept in the store under its id within the event type it was asked on (called
     directly: within the debate's name), so each hop of a chain owns its own debate."""
 
@@ -145,6 +153,8 @@ class DebateHandler:
         drift: Drift = "strict",
         retention_s: float | None = None,
         input_field: str | None = None,
+        stream_turns: bool = False,
+        stream_interval_s: float = DEFAULT_STREAM_INTERVAL_S,
     ) -> None:
         if retention_s is not None:
             retention_ms(retention_s)  # ConfigError now, not at the first debate
@@ -170,6 +180,8 @@ class DebateHandler:
         self._drift = drift
         self._retention_s = retention_s
         self.input_field = input_field
+        self.stream_turns = stream_turns
+        self.stream_interval_s = check_interval(stream_interval_s)
         self.runner: DurableRunner | None = None
         self._flights = _SingleFlight()
         if store is not None:
@@ -284,14 +296,24 @@ class DebateHandler:
         children = _bus_children(debate, bus, on_event)
         people = _bus_people(debate, bus)
         event_types = bus.event_types if bus is not None else None
+        streams = self._streams(ask, bus)
         runner = self._runner_for(ask)
         if runner is not None:
-            return runner.run(ask, on_event, children, event_types, people)
+            return runner.run(ask, on_event, children, event_types, people, streams)
         return _fields_of(debate.run(
             ask.question, debate_id=ask.debate_id, max_rounds=ask.max_rounds, on_event=on_event,
             request_id=ask.request_id, children=children, depth=ask.depth,
             event_types=event_types, people=people,
+            on_text=streams.for_run() if streams is not None else None,
         ))
+
+    def _streams(self, ask: Ask, bus: HandlerContext | None) -> TurnStreams | None:
+        """Where the run's turns stream to: None unless asked to, on a bus publishing events."""
+        if not self.stream_turns or bus is None or bus.on_delta is None:
+            return None
+        return TurnStreams(bus.on_delta, ask.debate_id, ask.request_id, depth=ask.depth,
+                           interval_s=self.stream_interval_s,
+                           redelivered=bus.delivery.deliveries > 1)
 
 
 async def _fields_of(run: Awaitable[DebateResult]) -> Fields:

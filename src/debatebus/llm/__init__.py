@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from debatebus.llm.base import LLM, LLMRequest, LLMResponse, Message, model_name
+from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Message, model_name
 from debatebus.llm.fakes import FunctionLLM, ScriptedLLM
 from debatebus.llm.ratelimit import (
     MemoryRateLimiter,
@@ -34,6 +34,7 @@ __all__ = [
     "FunctionLLM",
     "LLMRequest",
     "LLMResponse",
+    "LLMStream",
     "LocalLLM",
     "MemoryRateLimiter",
     "MemorySpendLimiter",

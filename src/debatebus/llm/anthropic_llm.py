@@ -13,7 +13,7 @@ looks back from a breakpoint: at most 4. Prompts below the model's minimum are n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 try:
@@ -31,7 +31,13 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from debatebus.exceptions import ConfigError, LLMResponseError
 from debatebus.llm.base import LLMRequest, Message
-from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
+from debatebus.llm.provider import (
+    DETAIL_LIMIT,
+    SDKProvider,
+    SDKStream,
+    api_key_or_placeholder,
+    key_hint,
+)
 from debatebus.llm.retry import (
     DEFAULT_TIMEOUT,
     DEFAULT_TOTAL_TIMEOUT,
@@ -153,8 +159,12 @@ def _count(usage: Any, name: str) -> int:
 
 def _usage(message: Any) -> TokenUsage | None:
     usage = getattr(message, "usage", None)
+    return _usage_of(usage, getattr(usage, "output_tokens", None))
+
+
+def _usage_of(usage: Any, answer: object) -> TokenUsage | None:
+    """A message's usage (``usage``, the API's, with ``answer`` output tokens) as ours."""
     uncached = getattr(usage, "input_tokens", None)
-    answer = getattr(usage, "output_tokens", None)
     if not isinstance(uncached, int) or not isinstance(answer, int):
         return None
     # Anthropic's input_tokens leaves out what was read from or written to the cache: the prompt
@@ -163,6 +173,46 @@ def _usage(message: Any) -> TokenUsage | None:
     written = _count(usage, "cache_creation_input_tokens")
     return TokenUsage.of(uncached + read + written, answer, cache_read_tokens=read,
                          cache_write_tokens=written)
+
+
+class _EventReader:
+    """A streamed message's events: the text of its text deltas, the input tokens its start
+    reports and the output tokens its last ``message_delta`` counts."""
+
+    __slots__ = ("_output", "_start")
+
+    def __init__(self) -> None:
+        self._start: Any = None  # the usage message_start reports
+        self._output: object = None
+
+    def feed(self, event: Any) -> str:
+        kind = event.type
+        if kind == "content_block_delta":
+            return event.delta.text if event.delta.type == "text_delta" else ""
+        if kind == "message_start":
+            self._start = event.message.usage
+            self._output = getattr(self._start, "output_tokens", None)
+        elif kind == "message_delta":
+            self._output = getattr(event.usage, "output_tokens", self._output)
+        return ""
+
+    @property
+    def usage(self) -> TokenUsage | None:
+        return None if self._start is None else _usage_of(self._start, self._output)
+
+
+class _OneByOne:
+    """The SDK's stream (``AsyncStream``), an event per batch."""
+
+    def __init__(self, events: Any) -> None:
+        self._events = events
+
+    async def __aiter__(self) -> AsyncIterator[list[Any]]:
+        async for event in self._events:
+            yield [event]
+
+    async def close(self) -> None:
+        await self._events.close()
 
 
 def _to_completion(message: Any, model: str) -> Completion:
@@ -239,25 +289,39 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
         self._caching = prompt_caching
         self._min_cacheable = min_cacheable_tokens(model)
 
-    async def _send(self, request: LLMRequest) -> Completion:
+    def _params(self, request: LLMRequest) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         if self._temperature is not None:
             extra["temperature"] = self._temperature
-        messages = _messages(request, self._caching)
-        max_tokens = request.max_tokens or self._max_tokens
+        return {
+            "model": self._model,
+            "max_tokens": request.max_tokens or self._max_tokens,
+            "messages": _messages(request, self._caching),
+            "system": request.system or anthropic.omit,
+            "stop_sequences": list(request.stop) or anthropic.omit,
+            "extra_body": extra or None,
+        }
+
+    async def _send(self, request: LLMRequest) -> Completion:
+        params = self._params(request)
 
         async def attempt() -> Completion:
-            message = await self._client.messages.create(
-                model=self._model,
-                max_tokens=max_tokens,
-                messages=messages,
-                system=request.system or anthropic.omit,
-                stop_sequences=list(request.stop) or anthropic.omit,
-                extra_body=extra or None,
-            )
+            message = await self._client.messages.create(**params)
             return _to_completion(message, self._model)
 
         answer = await self._with_retries(attempt)
-        if self._caching and answer.usage is not None and any(m.breaks for m in request.messages):
-            self._note_too_short_to_cache(answer.usage.prompt_tokens, self._min_cacheable)
+        self._note_usage(request, answer.usage)
         return answer
+
+    def _note_usage(self, request: LLMRequest, usage: TokenUsage | None) -> None:
+        if self._caching and usage is not None and any(m.breaks for m in request.messages):
+            self._note_too_short_to_cache(usage.prompt_tokens, self._min_cacheable)
+
+    async def _open_stream(self, request: LLMRequest, interval_s: float) -> SDKStream:
+        return _OneByOne(await self._client.messages.create(**self._params(request), stream=True))
+
+    def _sdk_headers(self) -> Mapping[str, object]:
+        return {**self._client.default_headers, **self._client.auth_headers}
+
+    def _stream_reader(self) -> _EventReader:
+        return _EventReader()

@@ -1,15 +1,19 @@
-"""The one interface every model sits behind: ``await llm.complete(request) -> response``."""
+"""The one interface every model sits behind: ``await llm.complete(request) -> response``, and
+``llm.stream(request)``, the same answer as it is written (``LLMStream``)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel
 
 from debatebus.schemas.usage import TokenUsage
 
-__all__ = ["LLM", "LLMRequest", "LLMResponse", "Message", "model_name"]
+__all__ = ["LLM", "LLMRequest", "LLMResponse", "LLMStream", "Message", "Piece", "model_name",
+           "streamed_whole"]
 
 Role = Literal["user", "assistant"]
 
@@ -64,14 +68,79 @@ class LLMResponse:
     raw: Any = field(default=None, repr=False, compare=False)
 
 
+#: What a stream's source yields: pieces of the answer's text, in order, then its response, last.
+Piece = str | LLMResponse
+
+
+class LLMStream(AsyncIterator[str]):
+    """An answer as it is written: ``async for piece in stream`` gives its text in order, and once
+    the loop ends ``stream.response`` is the ``LLMResponse`` that ``complete`` would have returned
+    (its whole text, usage included). A provider's error is raised from the loop, as ``complete``
+    raises it. ``async with stream:`` (or ``aclose()``) ends a stream left early: the provider's
+    connection is closed then, not when the garbage collector gets to it.
+
+    Built from ``source``, an async generator yielding the pieces and then the response (exactly
+    one ``LLMResponse``, last): that is how providers write it."""
+
+    __slots__ = ("_source", "response")
+
+    def __init__(self, source: AsyncGenerator[Piece, None]) -> None:
+        self._source = source
+        self.response: LLMResponse | None = None
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> str:
+        piece = await self._source.__anext__()
+        if isinstance(piece, str):
+            return piece
+        self.response = piece
+        await self._source.aclose()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        await self._source.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+async def streamed_whole(
+    answer: Callable[[], Awaitable[LLMResponse]],
+) -> AsyncGenerator[Piece, None]:
+    """A stream's source for an answer that comes in one piece (``await answer()``): its text
+    once (when there is any), then the response. ``LLM.stream``'s default, over ``complete``."""
+    response = await answer()
+    if response.text:
+        yield response.text
+    yield response
+
+
 @runtime_checkable
 class LLM(Protocol):
-    """Anything with an async ``complete``. ``model`` names it in results, logs and drift hashes."""
+    """Anything with an async ``complete`` and a ``stream``. ``model`` names it in results, logs
+    and drift hashes.
+
+    ``stream`` has a default, the answer of ``complete`` in one piece: a class that subclasses
+    ``LLM`` gets it (every shipped model does, and the providers override it to stream tokens as
+    the server sends them). Its ``interval_s`` says how often the caller takes pieces: a model
+    that reads a connection (the providers) reads it at most that often and hands on what arrived
+    meanwhile as one piece, which costs far less CPU than a read per token; 0, as they come."""
 
     @property
     def model(self) -> str: ...
 
     async def complete(self, request: LLMRequest) -> LLMResponse: ...
+
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """The answer to ``request`` as it is written (see ``LLMStream``), in pieces at most every
+        ``interval_s`` where reading costs. By default the text of ``complete`` in one piece."""
+        return LLMStream(streamed_whole(lambda: self.complete(request)))
 
 
 def model_name(llm: object) -> str:

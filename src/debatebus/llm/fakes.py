@@ -1,31 +1,37 @@
 """Deterministic models shipped in the package so users can test debates without a key or network.
 
 Usage is whitespace word counts (prompt = system + messages, completion = response text), so token
-accounting can be asserted exactly.
+accounting can be asserted exactly. Both stream (``stream``) their answer a word at a time, each
+piece with the whitespace after it, ``stream_pause_s`` apart: a long answer then takes as long to
+write as a model's would.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import re
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from debatebus.exceptions import LLMResponseError, ScriptExhaustedError
-from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.exceptions import ConfigError, LLMResponseError, ScriptExhaustedError
+from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece
 from debatebus.llm.retry import Redactor
 from debatebus.llm.structured import extract_json_object
 from debatebus.schemas.usage import TokenUsage
 
-__all__ = ["FunctionLLM", "ScriptedLLM", "word_usage"]
+__all__ = ["FunctionLLM", "ScriptedLLM", "word_pieces", "word_usage"]
 
 Reply = str | Mapping[str, Any] | BaseException | LLMResponse | Callable[[LLMRequest], Any]
 
 #: Masks secrets (a URL's password, a key) in what a script or function raises, as every provider
 #: does: the message becomes a failed turn's error, in events, results and the store.
 _REDACTOR = Redactor()
+#: A word and the whitespace after it, or leading whitespace: the pieces join up to the text.
+_WORD = re.compile(r"\s+|\S+\s*")
 
 
 def word_usage(request: LLMRequest, text: str) -> TokenUsage:
@@ -92,7 +98,28 @@ async def _respond(request: LLMRequest, reply: Callable[[], Any], model: str) ->
         raise
 
 
-class ScriptedLLM:
+async def word_pieces(answer: Callable[[], Awaitable[LLMResponse]],
+                      pause_s: float) -> AsyncGenerator[Piece, None]:
+    """The source of a fake's stream: ``await answer()``'s text a word at a time, ``pause_s``
+    before each word (none: no wait at all), then the response."""
+    response = await answer()
+    if response.structured is None:
+        for piece in _WORD.findall(response.text):
+            if pause_s:
+                await asyncio.sleep(pause_s)
+            yield piece
+    elif response.text:  # structured output is not streamed word by word
+        yield response.text
+    yield response
+
+
+def _check_pause(pause_s: float) -> float:
+    if not pause_s >= 0:  # also refuses NaN
+        raise ConfigError(f"stream_pause_s must be ≥ 0 seconds, got {pause_s!r}")
+    return pause_s
+
+
+class ScriptedLLM(LLM):
     """Answers each call with the next scripted entry.
 
     An entry is a string, a dict (structured output, validated against the request's schema), an
@@ -102,10 +129,12 @@ class ScriptedLLM:
 
     __test__ = False
 
-    def __init__(self, responses: Iterable[Reply], *, model: str = "scripted") -> None:
+    def __init__(self, responses: Iterable[Reply], *, model: str = "scripted",
+                 stream_pause_s: float = 0.0) -> None:
         self._responses = list(responses)
         self._next = 0
         self._model = model
+        self._pause_s = _check_pause(stream_pause_s)
         self.requests: list[LLMRequest] = []
 
     @property
@@ -130,8 +159,13 @@ class ScriptedLLM:
             return await _respond(request, lambda: reply(request), self._model)
         return await _respond(request, lambda: reply, self._model)
 
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """The next scripted answer, a word at a time (``stream_pause_s`` apart, whatever
+        ``interval_s``: nothing is read)."""
+        return LLMStream(word_pieces(lambda: self.complete(request), self._pause_s))
 
-class FunctionLLM:
+
+class FunctionLLM(LLM):
     """Calls ``fn(request)`` (sync or async) for every request and wraps what it returns."""
 
     __test__ = False
@@ -141,9 +175,11 @@ class FunctionLLM:
         fn: Callable[[LLMRequest], Any] | Callable[[LLMRequest], Awaitable[Any]],
         *,
         model: str = "function",
+        stream_pause_s: float = 0.0,
     ) -> None:
         self._fn = fn
         self._model = model
+        self._pause_s = _check_pause(stream_pause_s)
         self.requests: list[LLMRequest] = []
 
     @property
@@ -153,3 +189,7 @@ class FunctionLLM:
     async def complete(self, request: LLMRequest) -> LLMResponse:
         self.requests.append(request)
         return await _respond(request, lambda: self._fn(request), self._model)
+
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """``fn``'s answer a word at a time (``stream_pause_s`` apart, whatever ``interval_s``)."""
+        return LLMStream(word_pieces(lambda: self.complete(request), self._pause_s))

@@ -5,8 +5,10 @@ tool, which we don't install, so the file is located through the import system's
 finds a package without executing it) rather than by importing it.
 
 llama.cpp calls block for seconds and a ``Llama`` object is not safe to share between threads, so
-each call runs in a worker thread, one at a time per instance. Judges get grammar-constrained JSON:
-llama.cpp compiles the request's JSON schema into a grammar, so even a 135M model emits the shape.
+each call runs in a worker thread, one at a time per instance; a streamed call hands each piece
+of its answer from that thread to the event loop as llama.cpp writes it. Judges get
+grammar-constrained JSON: llama.cpp compiles the request's JSON schema into a grammar, so even a
+135M model emits the shape.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import dataclasses
 import importlib.util
 import os
 import threading
+from collections.abc import AsyncGenerator, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     ) from _exc
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
-from debatebus.llm.base import LLMRequest, LLMResponse
+from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece
 from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
 from debatebus.loops import PerLoop
 from debatebus.schemas.usage import TokenUsage
@@ -123,7 +126,17 @@ def _to_completion(result: Any, model: str) -> Completion:
     return Completion(content or "", _usage(result), result)
 
 
-class LocalLLM:
+def _streamed_usage(llama: Any, pieces: int, finish_reason: object) -> TokenUsage:
+    """A streamed answer's usage (llama.cpp's stream reports none) from the context's token count
+    after it: the prompt and every token generated, bar the last one when the answer ran out of
+    tokens (sampled, never evaluated). The total is exact; the split counts a piece as a token (a
+    character spread over two tokens comes as one piece) and a stop sequence's tokens (generated,
+    never handed on) as prompt."""
+    context = int(llama.n_tokens) + (1 if finish_reason == "length" else 0)
+    return TokenUsage.of(max(context - pieces, 0), pieces)
+
+
+class LocalLLM(LLM):
     """SmolLM2-135M-Instruct (or any chat GGUF at ``model_path``) in this process.
 
     The model loads on the first call, not at construction. ``seed`` makes sampling repeatable;
@@ -193,6 +206,36 @@ class LocalLLM:
             with_json_instructions(request, schema), send, model=self.model
         )
 
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """The answer as llama.cpp writes it, a token at a time (whatever ``interval_s``: each
+        token is handed from its thread as it comes). A structured request (a judge) is answered
+        by ``complete`` in one piece: its JSON is checked whole."""
+        if request.response_schema is not None:
+            return super().stream(request)
+        return LLMStream(self._streamed(request))
+
+    async def _streamed(self, request: LLMRequest) -> AsyncGenerator[Piece, None]:
+        loop = asyncio.get_running_loop()
+        arrived: asyncio.Queue[Piece | Exception] = asyncio.Queue()
+        stop = threading.Event()  # set when the reader leaves early: the thread stops too
+
+        def hand_on(item: Piece | Exception) -> None:
+            loop.call_soon_threadsafe(arrived.put_nowait, item)
+
+        async with self._loop_locks.get():
+            # Not awaited: the thread hands on everything, its error included, through the queue.
+            loop.run_in_executor(None, self._run_streaming, request, hand_on, stop)
+            try:
+                while True:
+                    item = await arrived.get()
+                    if isinstance(item, Exception):
+                        raise item
+                    yield item
+                    if isinstance(item, LLMResponse):
+                        return
+            finally:
+                stop.set()  # the thread ends at its next token; the next call waits for it
+
     async def _generate(
         self, request: LLMRequest, response_format: dict[str, Any] | None
     ) -> Completion:
@@ -217,26 +260,64 @@ class LocalLLM:
         budget = request.max_tokens or self._max_tokens
         return max(budget, STRUCTURED_MIN_TOKENS) if structured else budget
 
-    def _run(self, request: LLMRequest, response_format: dict[str, Any] | None) -> Completion:
+    def _run_streaming(self, request: LLMRequest, hand_on: Callable[[Piece | Exception], None],
+                       stop: threading.Event) -> None:
+        """In a worker thread: generate the answer, handing on each piece, then the response
+        (or the error that ended it)."""
+        parts: list[str] = []
+        finish: object = None
+        try:
+            with self._thread_lock:
+                llama = self._load()
+                evaluated_before = _prompt_evals(llama)
+                chunks = self._chat(llama, request, None, stream=True)
+                for chunk in chunks:
+                    if stop.is_set():
+                        chunks.close()
+                        return
+                    choice = chunk["choices"][0]
+                    finish = choice.get("finish_reason") or finish
+                    text = choice["delta"].get("content")
+                    if text:
+                        parts.append(text)
+                        hand_on(text)
+                usage = _streamed_usage(llama, len(parts), finish)
+                self.stats.add(usage.prompt_tokens, _prompt_evals(llama) - evaluated_before)
+        except ValueError as exc:  # raised by the stream's first step, not by the call
+            hand_on(self._too_long(exc))
+            return
+        except Exception as exc:
+            hand_on(exc)
+            return
+        hand_on(LLMResponse("".join(parts), None, usage, self.model))
+
+    def _chat(self, llama: Any, request: LLMRequest, response_format: dict[str, Any] | None,
+              *, stream: bool = False) -> Any:
+        """llama.cpp's chat completion of ``request`` (an iterator of chunks when ``stream``)."""
         messages = [{"role": "system", "content": request.system}] if request.system else []
         messages += [{"role": m.role, "content": m.content} for m in request.messages]
+        try:
+            return llama.create_chat_completion(
+                messages=messages,
+                max_tokens=self._budget(request, structured=response_format is not None),
+                temperature=self._temperature,
+                repeat_penalty=self._repeat_penalty,
+                response_format=response_format,
+                stop=list(request.stop),
+                stream=stream,
+            )
+        except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"
+            raise self._too_long(exc) from exc
+
+    def _too_long(self, exc: ValueError) -> LLMError:
+        return LLMError(f"{self.model}: {exc} (n_ctx={self._n_ctx}; pass a larger n_ctx or give "
+                        "the debate a transcript_window)")
+
+    def _run(self, request: LLMRequest, response_format: dict[str, Any] | None) -> Completion:
         with self._thread_lock:
             llama = self._load()
             evaluated_before = _prompt_evals(llama)
-            try:
-                result = llama.create_chat_completion(
-                    messages=messages,
-                    max_tokens=self._budget(request, structured=response_format is not None),
-                    temperature=self._temperature,
-                    repeat_penalty=self._repeat_penalty,
-                    response_format=response_format,
-                    stop=list(request.stop),
-                )
-            except ValueError as exc:  # llama-cpp-python's "Requested tokens exceed context window"
-                raise LLMError(
-                    f"{self.model}: {exc} (n_ctx={self._n_ctx}; pass a larger n_ctx or give the "
-                    "debate a transcript_window)"
-                ) from exc
+            result = self._chat(llama, request, response_format)
             completion = _to_completion(result, self.model)
             if completion.usage is not None:
                 evaluated = _prompt_evals(llama) - evaluated_before

@@ -9,6 +9,12 @@ read as ``usage.prompt_tokens_details.cached_tokens``. The engine's prompts keep
 calls share first, byte for byte (the message text is sent as it is, breaks or not), and each call
 carries a ``prompt_cache_key`` derived from its debate's id, so that the debate's calls are routed
 to where their prefix is cached.
+
+A streamed answer is read by ``debatebus.llm.sse`` (paced reads, each read's events handed on
+together), its server-sent events decoded here with msgspec into the few fields a turn needs, a
+read's in one call: the SDK's own stream builds a pydantic model of every chunk, which cost 70% of
+a token's CPU time, and reads through httpx, which cost most of the rest. Through a proxy, the
+SDK's raw streaming response (``with_streaming_response``) is read instead.
 """
 
 from __future__ import annotations
@@ -16,9 +22,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
+from types import SimpleNamespace
 from typing import Any, Literal
 from urllib.parse import urlsplit
+
+import msgspec
 
 try:
     import openai
@@ -32,11 +42,17 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
         "OpenAICompatibleLLM needs the openai SDK: pip install 'debatebus[openai]'"
     ) from _exc
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest
-from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
+from debatebus.llm.provider import (
+    DETAIL_LIMIT,
+    SDKProvider,
+    SDKStream,
+    api_key_or_placeholder,
+    key_hint,
+)
 from debatebus.llm.retry import (
     DEFAULT_TIMEOUT,
     DEFAULT_TOTAL_TIMEOUT,
@@ -45,6 +61,7 @@ from debatebus.llm.retry import (
     map_sdk_error,
 )
 from debatebus.llm.settings import is_paid_url
+from debatebus.llm.sse import EventSource
 from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.redaction import redact
 from debatebus.schemas.usage import TokenUsage
@@ -223,6 +240,114 @@ def _to_completion(completion: Any, model: str) -> Completion:
     return Completion(content or "", _usage(completion), completion)
 
 
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None
+
+
+class _Chunk(msgspec.Struct):
+    """What a turn reads of a streamed chat completion chunk (other fields are skipped)."""
+
+    choices: list[_Choice] = msgspec.field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    error: Any = None
+
+
+_CHUNK = msgspec.json.Decoder(_Chunk)
+
+
+_CHUNKS = msgspec.json.Decoder(list[_Chunk])
+_DONE = b"[DONE]"
+
+
+def _chunks(datas: list[bytes], model: str) -> list[_Chunk]:
+    """The chunks of one read's events, decoded in one go (the ``[DONE]`` left out by the
+    caller); an ``LLMResponseError`` naming the one that is not a chunk."""
+    try:
+        return _CHUNKS.decode(b"[" + b",".join(datas) + b"]")
+    except msgspec.DecodeError:
+        for data in datas:
+            try:
+                _CHUNK.decode(data)
+            except msgspec.DecodeError as exc:
+                raise LLMResponseError(
+                    f"{model}: malformed stream event {data[:200].decode(errors='replace')!r}: "
+                    f"{exc}") from exc
+        raise
+
+
+class _ChunkBatches:
+    """A streaming response's ``data:`` events read by ``debatebus.llm.sse``, decoded, a batch
+    per read, up to ``[DONE]``."""
+
+    def __init__(self, source: EventSource, model: str) -> None:
+        self._source = source
+        self._model = model
+
+    async def __aiter__(self) -> AsyncIterator[list[_Chunk]]:
+        async for datas in self._source.batches():
+            done = _DONE in datas
+            if done:
+                datas = datas[:datas.index(_DONE)]
+            if datas:
+                yield _chunks(datas, self._model)
+            if done:
+                return
+
+    async def close(self) -> None:
+        self._source.close()
+
+
+class _ChunkStream:
+    """The same through the SDK's raw streaming response (a proxied server), an event at a
+    time."""
+
+    def __init__(self, response: Any, model: str) -> None:
+        self._response = response
+        self._model = model
+
+    async def __aiter__(self) -> AsyncIterator[list[_Chunk]]:
+        async for line in self._response.iter_lines():
+            if not line.startswith("data:"):
+                continue  # blank separators, comments, event names
+            data = line[5:].strip().encode()
+            if data == _DONE:
+                return
+            yield _chunks([data], self._model)
+
+    async def close(self) -> None:
+        await self._response.close()
+
+
+class _ChunkReader:
+    """A streamed chat completion's chunks: each one's text, and the usage the last reports
+    (``stream_options.include_usage``; a server that ignores it reports none)."""
+
+    __slots__ = ("model", "usage")
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.usage: TokenUsage | None = None
+
+    def feed(self, chunk: _Chunk) -> str:
+        if chunk.error is not None:  # a server's error after the stream began
+            error = chunk.error.get("message", chunk.error) if isinstance(chunk.error, dict) \
+                else chunk.error
+            raise LLMError(f"{self.model}: the server reported an error: {str(error)[:DETAIL_LIMIT]}")
+        if chunk.usage is not None:
+            try:  # read as complete reads it, from the SDK's usage model
+                usage = openai.types.CompletionUsage.model_validate(chunk.usage)
+            except ValidationError:
+                usage = None
+            self.usage = _usage(SimpleNamespace(usage=usage))
+        if not chunk.choices or chunk.choices[0].delta is None:
+            return ""
+        return chunk.choices[0].delta.content or ""
+
+
 class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
     """A model behind an OpenAI-compatible Chat Completions endpoint.
 
@@ -345,6 +470,30 @@ class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):
         answer = await self._with_retries(
             attempt, self._classify if response_format is None else self._classify_structured
         )
-        if self._cache_key and answer.usage is not None:
-            self._note_too_short_to_cache(answer.usage.prompt_tokens, MIN_CACHEABLE_TOKENS)
+        self._note_usage(request, answer.usage)
         return answer
+
+    def _note_usage(self, request: LLMRequest, usage: TokenUsage | None) -> None:
+        if self._cache_key and usage is not None:
+            self._note_too_short_to_cache(usage.prompt_tokens, MIN_CACHEABLE_TOKENS)
+
+    async def _open_stream(self, request: LLMRequest, interval_s: float) -> SDKStream:
+        params = self._params(request)
+        messages = _messages(request)
+        if self._proxied:
+            # Entered here, closed by the stream: an error status is raised on entering.
+            response = await self._client.chat.completions.with_streaming_response.create(
+                model=self._model, messages=messages, stream=True,
+                stream_options={"include_usage": True}, **params).__aenter__()
+            return _ChunkStream(response, self._model)
+        extra = params.pop("extra_body", {})
+        body = {"model": self._model, "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, **params, **extra}
+        source = await self._open_events("/chat/completions", body, interval_s)
+        return _ChunkBatches(source, self._model)
+
+    def _sdk_headers(self) -> Mapping[str, object]:
+        return {**self._client.default_headers, **self._client.auth_headers}
+
+    def _stream_reader(self) -> _ChunkReader:
+        return _ChunkReader(self._model)

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import random
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from debatebus.exceptions import ConfigError, LLMError, TransportError
-from debatebus.llm.base import LLM, LLMRequest, LLMResponse, model_name
+from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece, model_name
 from debatebus.llm.retry import reporting_rate_limits
 from debatebus.loops import PerLoop
 from debatebus.schemas.usage import TokenUsage
@@ -273,11 +274,20 @@ class _Limiter(Protocol):
 L = TypeVar("L", bound=_Limiter)
 
 
-class LimitedLLM(Generic[L]):
+@dataclass(slots=True)
+class LimitedCall:
+    """One call under a limit (``LimitedLLM._limited``): its usage, once the answer is in."""
+
+    usage: TokenUsage | None = None
+
+
+class LimitedLLM(LLM, Generic[L]):
     """What a model wrapped by a limiter of kind ``L`` is, whatever the limiter counts: the
-    model's name, the limiter, and how a call's tokens are estimated before it is made
-    (``estimate_tokens``, with ``default_max_tokens`` for a request without ``max_tokens``).
-    ``RateLimitedLLM`` and ``SpendLimitedLLM`` add what happens around a call."""
+    model's name, the limiter, how a call's tokens are estimated before it is made
+    (``estimate_tokens``, with ``default_max_tokens`` for a request without ``max_tokens``), and
+    how a call goes through the limit: ``complete``, and ``stream`` until its stream ends, both
+    inside ``_limited``. ``RateLimitedLLM`` and ``SpendLimitedLLM`` say what ``_limited`` does
+    around a call."""
 
     def __init__(self, llm: LLM, limiter: L, *, default_max_tokens: int = 1024,
                  chars_per_token: float = 4.0) -> None:
@@ -305,6 +315,42 @@ class LimitedLLM(Generic[L]):
         return estimate_tokens(request, default_max_tokens=answer or self._default_max_tokens,
                                chars_per_token=self._chars_per_token)
 
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        async with self._limited(request) as call:
+            with self._calling():
+                response = await self._llm.complete(request)
+            call.usage = response.usage
+        return response
+
+    def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
+        """The wrapped model's stream, limited and accounted for as ``complete`` is: the call is
+        in the limit until its stream ends (or is left)."""
+        return LLMStream(self._streamed(request, interval_s))
+
+    async def _streamed(self, request: LLMRequest,
+                        interval_s: float) -> AsyncGenerator[Piece, None]:
+        async with (self._limited(request) as call,
+                    self._llm.stream(request, interval_s=interval_s) as pieces):
+            while True:
+                with self._calling():  # each step, not across a yield: the caller runs there
+                    piece = await anext(pieces, None)
+                if piece is None:
+                    break
+                yield piece
+            response = pieces.response
+            assert response is not None  # the stream ended
+            call.usage = response.usage
+        yield response
+
+    @abc.abstractmethod
+    def _limited(self, request: LLMRequest) -> contextlib.AbstractAsyncContextManager[LimitedCall]:
+        """Around one call of ``request``: waits or refuses before it, and counts what it used
+        after (``LimitedCall.usage``, else an ``LLMError``'s, else an estimate)."""
+
+    def _calling(self) -> contextlib.AbstractContextManager[None]:
+        """Around each step of the wrapped model's call (by default nothing)."""
+        return contextlib.nullcontext()
+
     async def aclose(self) -> None:
         """Close the limiter, and the wrapped LLM when it has ``aclose``."""
         await self._limiter.close()
@@ -316,25 +362,27 @@ class LimitedLLM(Generic[L]):
 class RateLimitedLLM(LimitedLLM[RateLimiter]):
     """``llm`` behind ``limiter``: every call waits for one request and its estimated tokens
     (``estimate_tokens``), is corrected with the response's usage, and holds a ``max_concurrent``
-    slot while it runs. A provider's 429 with a Retry-After pauses every caller of the limiter.
+    slot while it runs (a streamed one, until its stream ends). A provider's 429 with a
+    Retry-After pauses every caller of the limiter.
 
     ``default_max_tokens`` is the answer length assumed for requests without ``max_tokens``."""
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
+    @contextlib.asynccontextmanager
+    async def _limited(self, request: LLMRequest) -> AsyncIterator[LimitedCall]:
         estimate = self._estimate(request)
         permit = await self._limiter.acquire(tokens=estimate)
-        usage: TokenUsage | None = None
+        call = LimitedCall()
         try:
-            with reporting_rate_limits(self._pause_fleet):
-                response = await self._llm.complete(request)
-            usage = response.usage
-            return response
+            yield call
         except LLMError as exc:
-            usage = exc.usage
+            call.usage = exc.usage
             raise
         finally:
             # Unknown usage (no usage reported, a timeout) keeps the estimate charged.
-            await self._finish(permit, estimate if usage is None else usage.total_tokens)
+            await self._finish(permit, estimate if call.usage is None else call.usage.total_tokens)
+
+    def _calling(self) -> contextlib.AbstractContextManager[None]:
+        return reporting_rate_limits(self._pause_fleet)
 
     async def _finish(self, permit: Permit, tokens: int) -> None:
         """Settle and release; a broker failure here must not cost the call its answer (the

@@ -19,15 +19,16 @@ team). Wrap every model a debate calls with one limiter to limit that debate's e
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from debatebus.exceptions import ConfigError, LLMError, SpendLimitError, TransportError
-from debatebus.llm.base import LLM, LLMRequest, LLMResponse, model_name
-from debatebus.llm.ratelimit import LimitedLLM
+from debatebus.llm.base import LLM, LLMRequest, model_name
+from debatebus.llm.ratelimit import LimitedCall, LimitedLLM
 from debatebus.pricing import Price, Prices
 from debatebus.schemas.usage import TokenUsage
 
@@ -150,15 +151,16 @@ class SpendLimitedLLM(LimitedLLM[SpendLimiter]):
                          chars_per_token=chars_per_token)
         self._price: Price = price
 
-    async def complete(self, request: LLMRequest) -> LLMResponse:
+    @contextlib.asynccontextmanager
+    async def _limited(self, request: LLMRequest) -> AsyncIterator[LimitedCall]:
         await self._limiter.check()
+        call = LimitedCall()
         try:
-            response = await self._llm.complete(request)
+            yield call
         except LLMError as exc:  # a failed call may have been billed: what it says, or more
             await self._charge(request, exc.usage)
             raise
-        await self._charge(request, response.usage)
-        return response
+        await self._charge(request, call.usage)
 
     async def _charge(self, request: LLMRequest, usage: TokenUsage | None) -> None:
         if usage is None:

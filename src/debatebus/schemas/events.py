@@ -6,6 +6,11 @@ Versioning rule: new fields get defaults; a field's type never changes.
 
 A sub-debate's own events carry its ``depth`` (1 for a child, 0 — the default — for a top-level
 debate); its parent reports it with ``sub_debate_*`` events.
+
+``TurnDelta`` is not a debate event: the engine builds none and observers never see one. A handler
+asked to stream its turns (``as_handler(stream_turns=True)``) publishes them on the same topic
+while a turn is written; they are ephemeral (never checkpointed) and their ``seq`` counts within
+one writing of one turn. ``BusEvent`` is either, as read from the topic.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
+    "BUS_EVENT_DECODER",
     "EVENT_DECODER",
     "EVENT_TYPES",
+    "BusEvent",
     "DebateCompleted",
     "DebateEvent",
     "DebateFailed",
@@ -34,6 +41,7 @@ __all__ = [
     "SubDebateStarted",
     "SynthesisCompleted",
     "TurnCompleted",
+    "TurnDelta",
     "TurnFailed",
     "TurnRequested",
     "VerdictReached",
@@ -190,6 +198,25 @@ class SubDebateSkipped(_Event, tag="sub_debate_skipped", kw_only=True):
     reason: str
 
 
+class TurnDelta(_Event, tag="turn_delta", kw_only=True):
+    """A piece of a turn's text while it is written (round 0: the framing or the audience).
+
+    ``seq`` numbers the deltas of one writing of the turn from 1. A delta with ``replace`` (the
+    first one always) starts the turn's text afresh; every other one extends it. ``final``: the
+    turn is committed (or failed), and the text so far is exactly its text in the transcript
+    (a failed turn's is empty); nothing more comes for it, unless a later run writes it again.
+    ``rerun``: a retry of the request (its worker died, or the delivery was released) writes
+    again a turn an earlier attempt may have streamed already."""
+
+    round: int
+    speaker: str
+    purpose: str
+    text: str
+    replace: bool = False
+    final: bool = False
+    rerun: bool = False
+
+
 DebateEvent = (
     DebateStarted
     | FramingCompleted
@@ -209,6 +236,10 @@ DebateEvent = (
     | DebateFailed
 )
 
+#: What the events topic carries: debate events and turn deltas.
+BusEvent = DebateEvent | TurnDelta
+
+#: Every kind of message on the events topic.
 EVENT_TYPES: tuple[type[_Event], ...] = (
     DebateStarted,
     FramingCompleted,
@@ -226,6 +257,9 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     SubDebateSkipped,
     DebateCompleted,
     DebateFailed,
+    TurnDelta,
 )
 
+#: Decodes a debate event (not a turn delta: ``BUS_EVENT_DECODER`` reads both).
 EVENT_DECODER: msgspec.json.Decoder[DebateEvent] = msgspec.json.Decoder(DebateEvent)
+BUS_EVENT_DECODER: msgspec.json.Decoder[BusEvent] = msgspec.json.Decoder(BusEvent)

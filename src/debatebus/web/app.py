@@ -1,11 +1,14 @@
 """The live debate page: a small Starlette app that follows ``debate:events`` and serves
-recent debates as JSON and each debate's events as server-sent events.
+recent debates as JSON and each debate's events as server-sent events, with the turns being
+written (``turn_delta``) as ``delta`` events between them.
 
-It keeps nothing but memory: a restarted page shows debates from its start on. Serve it with
-``debatebus web --broker URL`` or mount ``create_app(...)`` in any ASGI server. Every request,
-the page's own included, must be sent to an allowed ``Host`` and carry the token when one is set
-(``debatebus.access``). With ``answer_token`` (opt-in), ``POST /api/turns`` answers a person's
-turn request (docs/people.md), for requests carrying that token in their header.
+It keeps nothing but memory, and rebuilds it when it starts: it reads the topic's history over
+the last ``catch_up_s`` seconds (24 h by default; Redis Streams and Kafka keep it, Redis pub/sub
+does not), then follows it. Serve it with ``debatebus web --broker URL`` or mount
+``create_app(...)`` in any ASGI server. Every request, the page's own included, must be sent to
+an allowed ``Host`` and carry the token when one is set (``debatebus.access``). With
+``answer_token`` (opt-in), ``POST /api/turns`` answers a person's turn request (docs/people.md),
+for requests carrying that token in their header.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import contextlib
 import hashlib
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from typing import Any, Final
@@ -30,12 +35,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from debatebus.access import TOKEN_QUERY, Access
+from debatebus.exceptions import ConfigError, NotSupportedError
 from debatebus.handlers.people import MAX_REPLY_BYTES, turn_reply
 from debatebus.transports import Delivery, Transport, transport_from_url
 from debatebus.web.store import DebateStore, Event
 from debatebus.worker import EVENTS_TOPIC
 
-__all__ = ["create_app"]
+__all__ = ["DEFAULT_CATCH_UP_S", "create_app"]
 
 log = logging.getLogger("debatebus.web")
 
@@ -44,6 +50,11 @@ STARTUP_WAIT_S: Final = 10.0
 #: A comment line this often keeps proxies from closing an idle stream and notices gone clients.
 KEEPALIVE_S: Final = 15.0
 _RETRY_MAX_S: Final = 10.0
+#: How far back the page reads the events topic when it starts.
+DEFAULT_CATCH_UP_S: Final = 24 * 3600.0
+#: History entries this close to the subscription's start (or after it) may come again from the
+#: subscription: their ids are kept to drop the copies. Allows for the broker's clock being off.
+_OVERLAP_MS: Final = 60_000
 _encode = msgspec.json.Encoder().encode
 #: Where a person's page answers a turn request (with ``answer_token`` only).
 TURNS_PATH: Final = "/api/turns"
@@ -82,6 +93,15 @@ def _json(data: Any, status: int = 200) -> Response:
 def _sse(index: int, event: Event) -> bytes:
     # JSON never holds a raw newline, so one data line per event is enough.
     return b"id: %d\ndata: %s\n\n" % (index, _encode(event))
+
+
+def _sse_delta(delta: Event) -> bytes:
+    # No id: a delta is not kept, and a reconnecting page resumes after the last kept event.
+    return b"event: delta\ndata: %s\n\n" % _encode(delta)
+
+
+def _seconds(delivery: Delivery) -> float | None:
+    return None if delivery.timestamp_ms is None else delivery.timestamp_ms / 1000.0
 
 
 def _last_event_id(request: Request) -> int:
@@ -129,13 +149,17 @@ class _Guard:
 class _LivePage:
     """Follows the events topic into a DebateStore and answers the page's requests."""
 
-    def __init__(self, broker: str | Transport, events_topic: str, history: int) -> None:
+    def __init__(self, broker: str | Transport, events_topic: str, history: int,
+                 catch_up_s: float | None) -> None:
         self.owns_transport = isinstance(broker, str)
         self.transport = transport_from_url(broker) if isinstance(broker, str) else broker
         self.events_topic = events_topic
         self.store = DebateStore(history)
+        self.catch_up_s = catch_up_s
         self.subscribed = asyncio.Event()
         self.last_error: str | None = None
+        #: Messages read from the topic's history at start (None: not read yet, or no history).
+        self.caught_up: int | None = None
 
     # -- following the bus --
 
@@ -156,7 +180,8 @@ class _LivePage:
 
     async def _pump(self) -> None:
         """Follow the topic for as long as the app runs, re-subscribing after broker failures
-        (events published meanwhile are missed: subscriptions start from now)."""
+        (events published meanwhile are missed: a subscription starts from now; only the first
+        reads the topic's history)."""
         delay = 0.5
         while True:
             try:
@@ -172,14 +197,49 @@ class _LivePage:
 
     async def _follow(self) -> None:
         await self.transport.connect()
+        since_ms = int(time.time() * 1000) - _OVERLAP_MS
         deliveries = await self.transport.subscribe([self.events_topic])
-        self.subscribed.set()
-        self.last_error = None
         try:
+            seen = await self._catch_up(since_ms) if self.caught_up is None else set()
+            self.subscribed.set()
+            self.last_error = None
             async for delivery in deliveries:
-                self.store.ingest(delivery.body)
+                if delivery.id in seen:  # read from the history already
+                    seen.discard(delivery.id)
+                    continue
+                self.store.ingest(delivery.body, _seconds(delivery))
         finally:
             await _close(deliveries)
+
+    async def _catch_up(self, since_ms: int) -> set[str]:
+        """Read the topic's history, from ``catch_up_s`` ago, into the store; the ids of what
+        was read from about the subscription's start on, which it may deliver again."""
+        seen: set[str] = set()
+        if self.catch_up_s == 0:
+            self.caught_up = 0
+            return seen
+        read = 0
+        try:
+            async for delivery in self.transport.read_range(self.events_topic, self._start()):
+                read += 1
+                self.store.ingest(delivery.body, _seconds(delivery))
+                if delivery.timestamp_ms is None or delivery.timestamp_ms >= since_ms:
+                    seen.add(delivery.id)
+        except NotSupportedError:
+            log.info("web: %s keeps no history of %s: the page shows debates from its start on",
+                     type(self.transport).__name__, self.events_topic)
+        self.caught_up = read
+        return seen
+
+    def _start(self) -> object:
+        """Where the history read starts, as the transport's ``read_range`` takes it (None:
+        the topic's beginning)."""
+        if self.catch_up_s is None:
+            return None if self.transport.position_kind == "offset" else "-"
+        since = time.time() - self.catch_up_s
+        if self.transport.position_kind == "offset":  # Kafka: a record time
+            return datetime.fromtimestamp(since, UTC)
+        return str(int(since * 1000))  # a stream id's millisecond
 
     # -- routes --
 
@@ -195,6 +255,7 @@ class _LivePage:
         return _json({
             "status": "ok" if ok else "unavailable", "subscribed": ok, "topic": self.events_topic,
             "debates": len(self.store), "events": self.store.received, "error": self.last_error,
+            "caughtUp": self.caught_up,
         }, 200 if ok else 503)
 
     async def debates(self, request: Request) -> Response:
@@ -231,17 +292,22 @@ class _LivePage:
         return _json({"published": fields["turnKey"]}, 202)
 
     async def _events(self, debate_id: str, after: int) -> AsyncIterator[bytes]:
-        """The debate's events after index ``after``: the stored ones, then each as it arrives.
-        The listener is registered before the stored events are read, so none can fall between;
-        indexes drop the ones that are in both."""
+        """The debate's events after index ``after``: the stored ones and the turns being
+        written, then each event and delta as it arrives. The listener is registered before the
+        stored events are read, so none can fall between; indexes drop the events that are in
+        both, and the page the deltas (by their ``seq``)."""
         listener = self.store.listen(debate_id)
         try:
             yield b"retry: 2000\n\n"
             record = self.store.get(debate_id)
-            batch = list(enumerate(record.events)) if record is not None else []
+            batch: list[tuple[int | None, Event]] = []
+            if record is not None:
+                batch = [*enumerate(record.events), *((None, d) for d in record.typing.values())]
             while True:
                 for index, event in batch:
-                    if index > after:
+                    if index is None:
+                        yield _sse_delta(event)
+                    elif index > after:
                         after = index
                         yield _sse(index, event)
                 if listener.overflowed:  # the page reconnects and resumes from ``after``
@@ -255,9 +321,13 @@ class _LivePage:
 
 def create_app(broker_url_or_transport: str | Transport, *, history: int = 200,
                events_topic: str = EVENTS_TOPIC, token: str | None = None,
-               allowed_hosts: Iterable[str] = (), answer_token: str | None = None) -> Starlette:
+               allowed_hosts: Iterable[str] = (), answer_token: str | None = None,
+               catch_up_s: float | None = DEFAULT_CATCH_UP_S) -> Starlette:
     """The live page for the debates on ``events_topic``. A transport given as an object is
     shared: it is connected but not closed by the app.
+
+    At start it reads the topic's history from ``catch_up_s`` seconds ago (None: all of it; 0:
+    none), so a restarted page still shows the debates before it (the ``history`` most recent).
 
     With ``token``, every request needs ``Authorization: Bearer <token>`` or ``?token=<token>``
     (a browser opens ``/?token=…`` and the page passes it on); else 401. Requests are answered
@@ -271,7 +341,10 @@ def create_app(broker_url_or_transport: str | Transport, *, history: int = 200,
     access = Access.of(token, allowed_hosts, host_option=hosts)
     answer = None if answer_token is None else Access.of(answer_token, allowed_hosts,
                                                          host_option=hosts)
-    live = _LivePage(broker_url_or_transport, events_topic, history)
+    if catch_up_s is not None and not catch_up_s >= 0:  # also refuses NaN
+        raise ConfigError(f"catch_up_s must be ≥ 0 seconds (0: read no history), or None for "
+                          f"the whole topic, got {catch_up_s!r}")
+    live = _LivePage(broker_url_or_transport, events_topic, history, catch_up_s)
     routes = [
         Route("/", live.page),
         Route("/healthz", live.healthz),

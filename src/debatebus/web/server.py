@@ -15,7 +15,7 @@ from uvicorn.config import LOGGING_CONFIG
 from debatebus.access import warn_if_exposed
 from debatebus.redaction import redact
 from debatebus.transports import Transport
-from debatebus.web.app import create_app
+from debatebus.web.app import DEFAULT_CATCH_UP_S, create_app
 from debatebus.worker import EVENTS_TOPIC
 
 __all__ = ["DEFAULT_HOST", "TOKEN_ENV", "build_server"]
@@ -56,7 +56,8 @@ def _log_config(token: str | None) -> dict[str, Any]:
 def build_server(broker_url_or_transport: str | Transport, *, host: str = DEFAULT_HOST,
                  port: int = 8000, token: str | None = None, allowed_hosts: Iterable[str] = (),
                  history: int = 200, events_topic: str = EVENTS_TOPIC,
-                 log_level: str = "info") -> uvicorn.Server:
+                 log_level: str = "info",
+                 catch_up_s: float | None = DEFAULT_CATCH_UP_S) -> uvicorn.Server:
     """A uvicorn server for the live page on ``host:port``; ``await server.serve()`` runs it.
 
     Requests sent to loopback, to ``host`` or to ``allowed_hosts`` are answered, with ``token``
@@ -64,7 +65,7 @@ def build_server(broker_url_or_transport: str | Transport, *, host: str = DEFAUL
     WARNING: every debate's transcript is then readable by anyone who can reach the port."""
     hosts = [*allowed_hosts, host] if host else list(allowed_hosts)
     app = create_app(broker_url_or_transport, history=history, events_topic=events_topic,
-                     token=token, allowed_hosts=hosts)
+                     token=token, allowed_hosts=hosts, catch_up_s=catch_up_s)
     warn_if_exposed(
         log, host, port, token, serves="debatebus web (the live page)",
         exposes="every debate's question, turns, verdicts and result as they happen",

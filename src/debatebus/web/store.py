@@ -2,6 +2,10 @@
 
 Events are kept as decoded JSON objects rather than typed structs: a page that dropped events of a
 type it does not know yet (from a newer worker) would show less than the bus carries.
+
+Turn deltas (``turn_delta``, from a handler that streams its turns) are not kept as events: each
+turn being written keeps its text so far (``DebateRecord.typing``) until it is committed, and the
+streams listening get every delta as it comes.
 """
 
 from __future__ import annotations
@@ -15,10 +19,14 @@ from typing import Any, Final
 
 import msgspec
 
-__all__ = ["MAX_EVENTS_PER_DEBATE", "DebateRecord", "DebateStore", "Listener"]
+__all__ = ["MAX_EVENTS_PER_DEBATE", "MAX_TYPING", "MAX_TYPING_CHARS", "DebateRecord",
+           "DebateStore", "Listener", "parse_event"]
 
 #: Bounds memory for a debate that never ends (or a producer that floods one id).
 MAX_EVENTS_PER_DEBATE: Final = 5000
+#: Turns of one debate being written at once, and the characters kept of each (the same bound).
+MAX_TYPING: Final = 64
+MAX_TYPING_CHARS: Final = 200_000
 #: Events a slow page may fall behind by before its stream is cut (it reconnects and catches up).
 LISTENER_BACKLOG: Final = 1000
 _MAX_ID_LENGTH: Final = 256
@@ -27,6 +35,7 @@ Event = dict[str, Any]
 _CALL_EVENTS: Final = frozenset(
     {"framing_completed", "turn_completed", "turn_failed", "verdict", "synthesis_completed"}
 )
+DELTA: Final = "turn_delta"
 _decode = msgspec.json.Decoder().decode
 
 
@@ -69,10 +78,13 @@ class DebateRecord:
     updated_at: float = field(default_factory=time.time)
     events: list[Event] = field(default_factory=list)
     truncated: bool = False
+    #: Each turn being written (``_typing_key``): its text so far, as one ``replace`` delta.
+    typing: dict[str, Event] = field(default_factory=dict)
 
-    def add(self, event: Event) -> int | None:
-        """Record ``event``; its index in ``events``, or None once the debate is at its cap."""
-        self.updated_at = time.time()
+    def add(self, event: Event, at: float | None = None) -> int | None:
+        """Record ``event`` (published at ``at``, seconds since the epoch; None: now); its
+        index in ``events``, or None once the debate is at its cap."""
+        self.updated_at = time.time() if at is None else at
         if self.request_id is None and isinstance(event.get("requestId"), str):
             self.request_id = event["requestId"]
         _APPLY.get(event["type"], _ignore)(self, event)
@@ -91,7 +103,7 @@ class DebateRecord:
             "phiLevel": self.phi_level, "verdict": self.verdict, "error": self.error,
             "cost": self.cost,
             "startedAt": self.started_at, "updatedAt": self.updated_at,
-            "events": len(self.events), "truncated": self.truncated,
+            "events": len(self.events), "truncated": self.truncated, "typing": len(self.typing),
         }
 
 
@@ -104,6 +116,7 @@ def _ignore(record: DebateRecord, event: Event) -> None:
 
 def _started(record: DebateRecord, event: Event) -> None:
     record.status = "running"  # again, when another worker resumes the debate
+    record.typing.clear()  # what a dead attempt was writing: the new one writes it again
     record.question = str(event.get("question", record.question))
     record.name = str(event.get("debateName", record.name))
     record.protocol = str(event.get("protocol", record.protocol))
@@ -115,6 +128,7 @@ def _started(record: DebateRecord, event: Event) -> None:
 
 
 def _call(record: DebateRecord, event: Event) -> None:
+    _written(record, event)
     # A running total until the debate reports its own (which also counts resumed work).
     usage = _usage(event.get("usage"))
     for name, amount in usage.items():
@@ -137,7 +151,47 @@ def _phi(record: DebateRecord, event: Event) -> None:
         record.phi_level = str(event.get("level", ""))
 
 
+def _written(record: DebateRecord, event: Event) -> None:
+    """A reported turn is no longer being written (should its final delta have been lost)."""
+    if not record.typing:
+        return
+    speaker = event.get("speaker")
+    if event["type"] == "synthesis_completed":
+        done = [k for k, d in record.typing.items()
+                if d.get("purpose") == "synthesis" and d.get("speaker") == speaker]
+    else:
+        number = event.get("round", 0)
+        done = [k for k, d in record.typing.items()
+                if d.get("round") == number and d.get("speaker") == speaker]
+    for key in done:
+        del record.typing[key]
+
+
+def _typing_key(delta: Event) -> str:
+    return f"{delta.get('round')}/{delta.get('speaker')}/{delta.get('purpose')}"
+
+
+def _delta(record: DebateRecord, delta: Event) -> None:
+    """Apply a turn delta to the text of the turn being written: ``replace`` starts it afresh,
+    another delta extends it (one already applied, by its ``seq``, is skipped); ``final`` ends
+    it."""
+    key, seq, text = _typing_key(delta), delta.get("seq"), delta.get("text")
+    if not isinstance(seq, int) or not isinstance(text, str):
+        return
+    typing = record.typing
+    current = typing.get(key)
+    if delta.get("final") is True:
+        typing.pop(key, None)
+    elif delta.get("replace") is True or current is None:
+        if current is not None or len(typing) < MAX_TYPING:
+            typing[key] = {**delta, "replace": True, "text": text[:MAX_TYPING_CHARS]}
+    elif seq > current["seq"] and len(current["text"]) < MAX_TYPING_CHARS:
+        current["text"] = (current["text"] + text)[:MAX_TYPING_CHARS]
+        current["seq"] = seq
+
+
 def _finished(record: DebateRecord, event: Event) -> None:
+    record.typing.clear()
     record.status = "completed" if event["type"] == "debate_completed" else "failed"
     if isinstance(event.get("rounds"), int):
         record.rounds = event["rounds"]
@@ -163,23 +217,25 @@ _APPLY: Final[dict[str, Callable[[DebateRecord, Event], None]]] = {
 
 
 class Listener:
-    """One open stream's inbox. Never blocks the pump: a page that falls too far behind is cut
-    off (``overflowed``) and catches up from the stored events when its EventSource reconnects."""
+    """One open stream's inbox: events by their index, turn deltas with none (they are not kept).
+    Never blocks the pump: a page that falls too far behind is cut off (``overflowed``) and
+    catches up from the stored events, and the turns being written, when its EventSource
+    reconnects."""
 
     def __init__(self, backlog: int = LISTENER_BACKLOG) -> None:
-        self.pending: deque[tuple[int, Event]] = deque()
+        self.pending: deque[tuple[int | None, Event]] = deque()
         self.backlog = backlog
         self.overflowed = False
         self._wake = asyncio.Event()
 
-    def push(self, index: int, event: Event) -> None:
+    def push(self, index: int | None, event: Event) -> None:
         if len(self.pending) >= self.backlog:
             self.overflowed = True
         else:
             self.pending.append((index, event))
         self._wake.set()
 
-    async def next_batch(self, timeout: float) -> list[tuple[int, Event]]:
+    async def next_batch(self, timeout: float) -> list[tuple[int | None, Event]]:
         """What arrived since the last call; empty after ``timeout`` seconds of silence."""
         if not self.pending and not self.overflowed:
             try:
@@ -221,25 +277,35 @@ class DebateStore:
         self._debates: OrderedDict[str, DebateRecord] = OrderedDict()
         self._listeners: dict[str, set[Listener]] = {}
 
-    def ingest(self, body: bytes) -> None:
+    def ingest(self, body: bytes, at: float | None = None) -> None:
+        """Take one message of the events topic, published at ``at`` (seconds since the epoch;
+        None: now)."""
         self.received += 1
         event = parse_event(body)
         if event is None:
             self.ignored += 1
             return
-        self.add(event)
+        self.add(event, at)
 
-    def add(self, event: Event) -> None:
-        record = self._record(event["debateId"])
-        index = record.add(event)
-        if index is not None:
-            for listener in self._listeners.get(record.debate_id, ()):
-                listener.push(index, event)
+    def add(self, event: Event, at: float | None = None) -> None:
+        record = self._record(event["debateId"], at)
+        if event["type"] == DELTA:
+            record.updated_at = time.time() if at is None else at
+            _delta(record, event)
+            index = None
+        else:
+            index = record.add(event, at)
+            if index is None:
+                return
+        for listener in self._listeners.get(record.debate_id, ()):
+            listener.push(index, event)
 
-    def _record(self, debate_id: str) -> DebateRecord:
+    def _record(self, debate_id: str, at: float | None) -> DebateRecord:
         record = self._debates.get(debate_id)
         if record is None:
             record = self._debates[debate_id] = DebateRecord(debate_id)
+            if at is not None:
+                record.started_at = record.updated_at = at
             while len(self._debates) > self.history:
                 self._debates.popitem(last=False)
         else:
