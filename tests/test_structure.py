@@ -1,15 +1,21 @@
 """Static checks over src/debatebus, read with ``ast`` (nothing is imported).
 
 - No module imports an underscore name (or from an underscore module) of another package.
-- The packages import each other without a cycle (module-level imports, ``if TYPE_CHECKING:``
-  blocks left out, each package collapsed to one node). The root directory is not a layer: each
-  of its modules is a node of its own (``debatebus.exceptions`` is imported by every package, and
+- The packages import each other without a cycle, counting every import: at module level, in a
+  function (an import put there to hide a cycle is still the cycle) and under
+  ``if TYPE_CHECKING:`` (a type is a dependency too: a module that types against a layer above it
+  depends on that layer). Each first-level package is one node (``debatebus.transports.kafka``
+  belongs to ``debatebus.transports``). The root directory is not a layer: each of its modules is
+  a node of its own (``debatebus.exceptions`` is imported by every package, and
   ``debatebus.worker`` imports most of them; the facade ``debatebus/__init__`` is one more node).
+- The engine imports nothing of debatebus outside ``ENGINE_MAY_IMPORT``: the exceptions, the
+  wire schemas, the LLM interface and prices.
 - No function or method is longer than 60 lines.
 - Every public module declares an explicit ``__all__`` of names it defines.
 
 A "package" is a directory: ``debatebus.engine.run`` belongs to ``debatebus.engine``, and
-``debatebus.worker`` to ``debatebus``. Each check lists every violation as ``file:line: what``.
+``debatebus.worker`` to ``debatebus``; a "layer" is a first-level package (or a root module).
+Each check lists every violation as ``file:line: what``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,16 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "debatebus"
 MAX_FUNCTION_LINES = 60
+ENGINE = f"{ROOT}.engine"
+#: What the engine may import of debatebus besides itself: modules, or packages (every module in
+#: them). Nothing that does I/O or knows a bus (handlers, transports, stores, workers).
+ENGINE_MAY_IMPORT = frozenset({
+    f"{ROOT}.exceptions",  # the one exception tree
+    f"{ROOT}.schemas",  # wire values: events, usage, cost, the envelope's names
+    f"{ROOT}.llm.base",  # the LLM interface the engine calls
+    f"{ROOT}.llm.structured",  # reading a judge's JSON verdict
+    f"{ROOT}.pricing",  # what a debate's prices say a call cost
+})
 
 
 @dataclass(frozen=True)
@@ -58,28 +74,6 @@ def _is_private(part: str) -> bool:
     return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements run when the module is imported, ``if TYPE_CHECKING:`` bodies left out."""
-    for stmt in body:
-        yield stmt
-        if isinstance(stmt, ast.If):
-            if not _is_type_checking(stmt.test):
-                yield from _module_level(stmt.body)
-            yield from _module_level(stmt.orelse)
-        elif isinstance(stmt, ast.Try | ast.TryStar):
-            for block in (stmt.body, stmt.orelse, stmt.finalbody):
-                yield from _module_level(block)
-            for handler in stmt.handlers:
-                yield from _module_level(handler.body)
-        elif isinstance(stmt, ast.With | ast.AsyncWith | ast.ClassDef):
-            yield from _module_level(stmt.body)
-
-
 def _imports_in(module: Module, nodes: Iterator[ast.AST]) -> Iterator[Import]:
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -96,10 +90,6 @@ def _imports_in(module: Module, nodes: Iterator[ast.AST]) -> Iterator[Import]:
 
 def all_imports(module: Module) -> Iterator[Import]:
     return _imports_in(module, ast.walk(module.tree))
-
-
-def module_level_imports(module: Module) -> Iterator[Import]:
-    return _imports_in(module, _module_level(module.tree.body))
 
 
 def resolve(imp: Import, modules: dict[str, Module]) -> Module | None:
@@ -123,10 +113,11 @@ def private_import_violations(modules: dict[str, Module]) -> list[str]:
 
 
 def import_edges(modules: dict[str, Module]) -> dict[tuple[str, str], list[str]]:
-    """(importer, imported) module names → where the module-level imports between them are."""
+    """(importer, imported) module names → where the imports between them are (every import:
+    module level, in functions, under ``if TYPE_CHECKING:``)."""
     edges: dict[tuple[str, str], list[str]] = {}
     for module in modules.values():
-        for imp in module_level_imports(module):
+        for imp in all_imports(module):
             loaded = resolve(imp, modules)
             if loaded is not None and loaded is not module:
                 where = edges.setdefault((module.name, loaded.name), [])
@@ -181,8 +172,32 @@ def cycle_through(graph: dict[str, set[str]], members: list[str]) -> list[str]:
 
 
 def node_of(module: Module) -> str:
-    """A module's node in the package graph: its package, or itself for a root-level module."""
-    return module.name if module.package == ROOT else module.package
+    """A module's node in the package graph: its first-level package, or itself for a root-level
+    module."""
+    if module.package == ROOT:
+        return module.name
+    return ".".join(module.package.split(".")[:2])
+
+
+def _within(name: str, allowed: frozenset[str]) -> bool:
+    return any(name == a or name.startswith(f"{a}.") for a in allowed)
+
+
+def engine_import_violations(modules: dict[str, Module], engine: str,
+                             allowed: frozenset[str]) -> list[str]:
+    """Every import (module level, in functions, for types) by a module of ``engine`` of a
+    module of the project outside ``engine`` and ``allowed``."""
+    found = []
+    for module in modules.values():
+        if not _within(module.name, frozenset({engine})):
+            continue
+        for imp in all_imports(module):
+            loaded = resolve(imp, modules)
+            if loaded is None or _within(loaded.name, frozenset({engine})):
+                continue
+            if not _within(loaded.name, allowed):
+                found.append(f"{module.path}:{imp.line}: the engine imports {loaded.name}")
+    return found
 
 
 def package_cycle_violations(modules: dict[str, Module]) -> list[str]:
@@ -324,6 +339,11 @@ def test_packages_import_each_other_without_a_cycle() -> None:
     assert not found, _report(found)
 
 
+def test_the_engine_imports_nothing_above_it() -> None:
+    found = engine_import_violations(MODULES, ENGINE, ENGINE_MAY_IMPORT)
+    assert not found, _report(found)
+
+
 def test_no_import_cycle_crosses_a_package_boundary() -> None:
     found = module_cycle_violations(MODULES)
     assert not found, _report(found)
@@ -368,7 +388,14 @@ def test_private_imports_are_caught_across_packages_only(tree: Path) -> None:
     # pkg/a/x.py imports _secret from pkg.a._impl: the same package, so not a violation
 
 
-def test_cycles_are_caught_and_type_checking_imports_ignored(tree: Path) -> None:
+def test_cycles_are_caught_through_function_and_type_checking_imports(tree: Path) -> None:
+    # pkg.b.y imports pkg.c.z only under TYPE_CHECKING and in a function; pkg.c.z imports pkg.b.y
+    assert package_cycle_violations(load(tree, "pkg")) == [
+        "packages in a cycle: pkg.b, pkg.c; e.g. pkg.b → pkg.c → pkg.b",
+        "    pkg.b → pkg.c: pkg/b/y.py:4 (pkg.b.y → pkg.c.z) and 1 more",
+        "    pkg.c → pkg.b: pkg/c/z.py:1 (pkg.c.z → pkg.b.y)",
+    ]
+    (tree / "pkg/c/z.py").write_text("X = 1\n")
     assert package_cycle_violations(load(tree, "pkg")) == []
     (tree / "pkg/a/x.py").write_text("from pkg.b.y import f\n__all__ = ['VALUE']\nVALUE = 1\n")
     modules = load(tree, "pkg")
@@ -378,12 +405,32 @@ def test_cycles_are_caught_and_type_checking_imports_ignored(tree: Path) -> None
         "    pkg.b → pkg.a: pkg/b/y.py:2 (pkg.b.y → pkg.a._impl)",
     ]
     assert module_cycle_violations(modules) == []  # the packages' cycle, not the modules'
-    (tree / "pkg/a/_impl.py").write_text("from pkg.b import y\n")
+    (tree / "pkg/a/_impl.py").write_text("def g():\n    from pkg.b import y\n")
     assert module_cycle_violations(load(tree, "pkg")) == [
         "module cycle across packages: pkg.a._impl → pkg.b.y → pkg.a._impl",
-        "    pkg/a/_impl.py:1",
+        "    pkg/a/_impl.py:2",
         "    pkg/b/y.py:2",
     ]
+
+
+def test_a_subpackage_is_part_of_its_first_level_package(tree: Path) -> None:
+    (tree / "pkg/c/z.py").write_text("X = 1\n")
+    (tree / "pkg/a/deep").mkdir()
+    (tree / "pkg/a/deep/__init__.py").write_text("from pkg.a.x import VALUE\n")
+    (tree / "pkg/a/x.py").write_text("def f():\n    from pkg.a.deep import VALUE\n")
+    assert package_cycle_violations(load(tree, "pkg")) == []
+
+
+def test_the_engine_check_catches_every_kind_of_import(tree: Path) -> None:
+    (tree / "pkg/a/y.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom pkg.c import z\nif TYPE_CHECKING:\n"
+        "    from pkg.b.y import f\ndef g():\n    import pkg.b.y\n")
+    modules = load(tree, "pkg")
+    assert engine_import_violations(modules, "pkg.a", frozenset({"pkg.c"})) == [
+        "pkg/a/y.py:4: the engine imports pkg.b.y",
+        "pkg/a/y.py:6: the engine imports pkg.b.y",
+    ]
+    assert engine_import_violations(modules, "pkg.a", frozenset({"pkg.b.y", "pkg.c.z"})) == []
 
 
 def test_long_functions_are_caught(tree: Path) -> None:

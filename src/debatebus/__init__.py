@@ -7,6 +7,7 @@ The top level holds what a first debate needs; the rest lives in its subpackage:
 ``debatebus.observability`` and ``debatebus.testing``.
 """
 
+import debatebus.handlers  # noqa: F401  (registers what Debate.as_handler builds)
 from debatebus.engine import Budget, Debate, DebateResult, Judge, Participant, Verdict
 from debatebus.exceptions import DebatebusError
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM

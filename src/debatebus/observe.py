@@ -10,12 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from debatebus.schemas.events import DebateEvent
-
-if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
+from debatebus.schemas.result import HandlerResult
 
 __all__ = ["Observer", "Outcome", "RequestContext", "fan_out"]
 

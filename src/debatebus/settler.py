@@ -35,7 +35,7 @@ from debatebus.backoff import Backoff
 from debatebus.client import Answers
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
-from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult
+from debatebus.handlers.contract import Handle, Handler, HandlerContext
 from debatebus.handlers.results import echo, failure_fields
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas.envelope import (
@@ -49,6 +49,7 @@ from debatebus.schemas.envelope import (
     now_iso,
 )
 from debatebus.schemas.events import DebateEvent
+from debatebus.schemas.result import HandlerResult
 from debatebus.transports import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 

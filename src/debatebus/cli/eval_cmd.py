@@ -33,6 +33,7 @@ from debatebus.client import BusClient
 from debatebus.engine.debate import Debate
 from debatebus.engine.definition import Judge
 from debatebus.engine.definition import Protocol as DebateProtocol
+from debatebus.engine.presets import PRESETS
 from debatebus.evaluation.arms import (
     Arm,
     DebateArm,
@@ -54,7 +55,6 @@ from debatebus.evaluation.report import Report
 from debatebus.evaluation.runner import Evaluation, Progress
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
-from debatebus.presets import PRESETS
 from debatebus.redaction import redact
 
 __all__ = ["ITEMS_FILE", "ProgressBar", "add_parser", "run"]

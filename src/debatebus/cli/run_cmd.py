@@ -17,10 +17,10 @@ from debatebus.cli.common import positive_int
 from debatebus.engine import Debate, interpret_phi_hat
 from debatebus.engine.cross_pollination import ROUNDS as CROSS_POLLINATION_ROUNDS
 from debatebus.engine.definition import PROTOCOLS, Judge
+from debatebus.engine.presets import PRESETS
 from debatebus.engine.prompts import LANGUAGES
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.results import result_fields, to_builtins
-from debatebus.presets import PRESETS
 from debatebus.pricing import DEFAULT_PRICES, Prices
 from debatebus.schemas import events as ev
 

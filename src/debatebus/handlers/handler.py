@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from debatebus.checkpoints import store_for_broker
 from debatebus.checkpoints.base import CheckpointStore, retention_ms
+from debatebus.engine.debate import Debate, serve_debates_with
+from debatebus.engine.presets import PRESETS
 from debatebus.engine.run import OnEvent
 from debatebus.engine.subdebates import InProcessChildren
 from debatebus.exceptions import ConfigError, InputError
 from debatebus.handlers.checkpointing import Ask
 from debatebus.handlers.children import BusChildren
-from debatebus.handlers.contract import HandlerContext, HandlerResult
+from debatebus.handlers.contract import HandlerContext
 from debatebus.handlers.durable import (
     DEFAULT_STORE_OUTAGE_S,
     Drift,
@@ -37,11 +39,10 @@ from debatebus.handlers.inputs import (
 )
 from debatebus.handlers.people import BusPeople
 from debatebus.handlers.results import echo, result_fields
-from debatebus.presets import PRESETS, preset
 from debatebus.schemas.envelope import is_result_topic
+from debatebus.schemas.result import HandlerResult
 
 if TYPE_CHECKING:
-    from debatebus.engine.debate import Debate
     from debatebus.engine.result import DebateResult
 
 __all__ = ["DebateHandler", "HandlerOptions", "attach_default_stores", "no_default_store_warning"]
@@ -325,7 +326,7 @@ def _preset_debates(debate: Debate, names: Iterable[str]) -> dict[str, Debate]:
     if chosen and debate.llm is None:
         raise ConfigError(f"presets={chosen} are built on the default llm of debate "
                           f"{debate.name!r}, which has none: pass llm=… to its Debate")
-    return {name: preset(name).debate(debate.llm) for name in chosen}
+    return {name: Debate.from_preset(name, llm=debate.llm) for name in chosen}
 
 
 def _read_preset(payload: Mapping[str, Any], served: Mapping[str, Debate]) -> str | None:
@@ -376,3 +377,6 @@ def attach_default_stores(
     for handler in wanting.values():
         handler.use_default_store(store)
     return store
+
+
+serve_debates_with(DebateHandler)  # what Debate.as_handler builds (the engine does not import us)

@@ -15,16 +15,14 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
-from typing import IO, TYPE_CHECKING, Any, Final, Literal
+from typing import IO, Any, Final, Literal
 
 from debatebus.exceptions import ConfigError
 from debatebus.observability._events import call_round
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.redaction import redact
 from debatebus.schemas import events as ev
-
-if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
+from debatebus.schemas.result import HandlerResult
 
 __all__ = [
     "ContextFilter",

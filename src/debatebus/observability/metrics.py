@@ -15,7 +15,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -38,9 +38,7 @@ from debatebus.access import TOKEN_QUERY, Access, is_loopback, warn_if_exposed
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas import events as ev
-
-if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
+from debatebus.schemas.result import HandlerResult
 
 __all__ = ["DEFAULT_METRICS_HOST", "METRICS_TOKEN_ENV", "MetricsServer", "PrometheusObserver",
            "start_metrics_server"]

@@ -20,16 +20,14 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, call_round
 from debatebus.observability.logs import redact
 from debatebus.observe import Observer, Outcome, RequestContext
 from debatebus.schemas import events as ev
+from debatebus.schemas.result import HandlerResult
 from debatebus.schemas.usage import TokenUsage
-
-if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
 
 try:
     from opentelemetry import trace

@@ -14,8 +14,9 @@ from typing import Any, Protocol
 from faststream.message import StreamMessage
 
 from debatebus.exceptions import InputError
-from debatebus.handlers.contract import Handle, HandlerContext, HandlerResult
+from debatebus.handlers.contract import Handle, HandlerContext
 from debatebus.schemas.envelope import Envelope, decode_request
+from debatebus.schemas.result import HandlerResult
 from debatebus.settler import bad_input, failure_result, result_message
 from debatebus.transports.base import Delivery, Outgoing
 

@@ -19,18 +19,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from debatebus.engine.debate import Debate
 from debatebus.engine.definition import DebateSpec, Participant, Protocol, Utility
 from debatebus.engine.prompts import SynthesisSections
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
 
-__all__ = ["PRESETS", "Preset", "preset", "preset_names"]
+__all__ = ["PRESETS", "Preset", "preset"]
 
 
 @dataclass(frozen=True, slots=True)
 class Preset:
-    """A panel and how it debates; ``debate(llm)`` makes it a ``Debate``."""
+    """A panel and how it debates; ``Debate.from_preset(name, llm=…)`` makes it a ``Debate``."""
 
     name: str
     description: str
@@ -41,13 +40,13 @@ class Preset:
     synthesis_sections: SynthesisSections | None = None
     word_limits: Mapping[str, int] | None = None
 
-    def debate(self, llm: LLM | None = None, **overrides: Any) -> Debate:
-        """This panel as a ``Debate`` on ``llm``; ``overrides`` replace any ``Debate`` argument."""
+    def arguments(self, llm: LLM | None, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """This panel's ``Debate`` arguments on ``llm``, ``overrides`` replacing any of them."""
         unknown = sorted(set(overrides) - _DEBATE_ARGUMENTS)
         if unknown:
             raise ConfigError(f"preset {self.name!r} got unknown Debate arguments {unknown}: use "
                               f"any of {sorted(_DEBATE_ARGUMENTS)}")
-        options: dict[str, Any] = {
+        return {
             "name": self.name,
             "participants": self.participants,
             "llm": llm,
@@ -58,7 +57,6 @@ class Preset:
             "word_limits": self.word_limits,
             **overrides,
         }
-        return Debate(options.pop("name"), options.pop("participants"), **options)
 
 
 _DEBATE_ARGUMENTS = frozenset(f.name for f in fields(DebateSpec) if f.init)
@@ -177,10 +175,6 @@ CODE_REVIEW = Preset(
 )
 
 PRESETS: Mapping[str, Preset] = {p.name: p for p in (STARTER_TRIO, PRODUCT_DECISION, CODE_REVIEW)}
-
-
-def preset_names() -> tuple[str, ...]:
-    return tuple(PRESETS)
 
 
 def preset(name: str) -> Preset:
