@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from debatebus.cli.common import positive_int
+from debatebus.demo import build_debate
 from debatebus.engine import Debate, interpret_phi_hat
 from debatebus.engine.cross_pollination import ROUNDS as CROSS_POLLINATION_ROUNDS
 from debatebus.engine.definition import PROTOCOLS, Judge
@@ -21,6 +22,7 @@ from debatebus.engine.presets import PRESETS
 from debatebus.engine.prompts import LANGUAGES
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.results import result_fields, to_builtins
+from debatebus.llm.registry import resolve_llm
 from debatebus.pricing import DEFAULT_PRICES, Prices
 from debatebus.schemas import events as ev
 
@@ -67,9 +69,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _build(args: argparse.Namespace) -> Debate:
-    from debatebus.demo import build_debate
-    from debatebus.llm.registry import resolve_llm
-
     llm = resolve_llm(args.llm)
     if args.preset is not None:
         debate = Debate.from_preset(args.preset, llm=llm, max_rounds=args.rounds,

@@ -35,6 +35,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from pydantic import BaseModel
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
+from debatebus.llm import is_paid_url
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.provider import DETAIL_LIMIT, SDKProvider, api_key_or_placeholder, key_hint
 from debatebus.llm.retry import (
@@ -44,7 +45,6 @@ from debatebus.llm.retry import (
     RetryPolicy,
     map_sdk_error,
 )
-from debatebus.llm.settings import is_paid_url
 from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.redaction import redact
 from debatebus.schemas.usage import TokenUsage

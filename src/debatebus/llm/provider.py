@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Generic, Protocol, TypeVar
 
+from debatebus.llm import check_model_requests_allowed, is_paid_url
 from debatebus.llm.base import LLMRequest, LLMResponse
 from debatebus.llm.retry import (
     Classifier,
@@ -23,7 +24,6 @@ from debatebus.llm.retry import (
     RetryPolicy,
     call_with_retries,
 )
-from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
 from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
 from debatebus.redaction import redact, url_secrets
 
