@@ -37,7 +37,7 @@ from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
 from debatebus.handlers.contract import Handle, Handler, HandlerContext
 from debatebus.handlers.results import echo, failure_fields
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas.envelope import (
     Envelope,
     answer_message_id,
@@ -69,7 +69,7 @@ BACKOFF_CAP_S: Final = 5.0
 _SMALL_FIELD: Final = 1024
 _KEPT_BYTES: Final = 16 * 1024
 _LISTED_DROPS: Final = 20
-_Settled = tuple[Outcome, HandlerResult | None]
+_Settled = tuple[Settlement, HandlerResult | None]
 #: A request the transport's dialect leaves to another member of the fleet (it holds or answered
 #: it): nothing is published; observers see it as answered elsewhere, ``replayed``.
 _LEFT_ALONE: Final[_Settled] = ("replayed", None)
@@ -109,7 +109,7 @@ class Settler:
         if observer is not None and ctx is not None:
             observer.request_started(ctx)
             started = time.perf_counter()
-        outcome: Outcome = "unsettled"
+        outcome: Settlement = "unsettled"
         result: HandlerResult | None = None
         try:
             outcome, result = await self._settle(delivery, ctx)
@@ -181,7 +181,7 @@ class Settler:
 
     async def _handle(self, route: Route, delivery: Delivery, request: Envelope,
                       ctx: RequestContext | None) -> _Settled:
-        outcome: Outcome
+        outcome: Settlement
         if not await self.transport.dialect.claim(delivery, request.request_id):
             return _LEFT_ALONE
         handling = HandlerContext(request.request_id, self._on_event(request, ctx), delivery,
@@ -200,7 +200,7 @@ class Settler:
         return await self._answer(delivery, request, result, outcome, ctx)
 
     async def _answer(self, delivery: Delivery, request: Envelope, result: HandlerResult,
-                      outcome: Outcome, ctx: RequestContext | None) -> _Settled:
+                      outcome: Settlement, ctx: RequestContext | None) -> _Settled:
         """Ack with ``result``; one the broker refuses as too large becomes a failure event."""
         try:
             await self._ack(delivery, request, result, ctx)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from debatebus.handlers.children import outcome_of
 from debatebus.handlers.contract import HandlerResult
 from debatebus.observability.metrics import PrometheusObserver
-from debatebus.observe import RequestContext
+from debatebus.observability.observer import RequestContext
 from debatebus.schemas import events as ev
 from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.usage import TokenUsage

@@ -27,7 +27,7 @@ from debatebus.demo import DEMO_EVENT_TYPE, DEMO_GROUP, build_debate, serve
 from debatebus.exceptions import ConfigError
 from debatebus.llm.registry import resolve_llm
 from debatebus.observability.logs import LoggingObserver, configure_logging
-from debatebus.observe import Observer, RequestContext
+from debatebus.observability.observer import Observer, RequestContext
 from debatebus.schemas.events import DebateEvent
 from debatebus.worker import DebateBus
 

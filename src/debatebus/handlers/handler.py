@@ -21,7 +21,6 @@ from debatebus.engine.presets import PRESETS
 from debatebus.engine.run import OnEvent
 from debatebus.engine.subdebates import InProcessChildren
 from debatebus.exceptions import ConfigError, InputError
-from debatebus.handlers.checkpointing import Ask
 from debatebus.handlers.children import BusChildren
 from debatebus.handlers.contract import HandlerContext
 from debatebus.handlers.durable import (
@@ -31,6 +30,7 @@ from debatebus.handlers.durable import (
 )
 from debatebus.handlers.inputs import (
     DEFAULT_MAX_INPUT_BYTES,
+    Ask,
     read_debate_id,
     read_depth,
     read_max_rounds,

@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from debatebus.access import TOKEN_QUERY, Access, is_loopback, warn_if_exposed
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas import events as ev
 from debatebus.schemas.result import HandlerResult
 
@@ -165,7 +165,7 @@ class PrometheusObserver(Observer):
             event.usage.cache_write_tokens)
         self.llm_call_duration.labels(model, purpose).observe(event.duration_ms / 1000.0)
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         self.in_flight.labels(ctx.event_type).dec()
         counter = self._by_outcome.get(outcome)
