@@ -38,7 +38,7 @@ from debatebus.handlers.inputs import (
     read_replay,
 )
 from debatebus.handlers.people import BusPeople
-from debatebus.handlers.results import echo, result_fields
+from debatebus.handlers.results import answer, result_fields
 from debatebus.schemas.envelope import is_result_topic
 from debatebus.schemas.result import HandlerResult
 
@@ -260,11 +260,7 @@ class DebateHandler:
             finally:
                 self._flights.end(ask, fields)
         # A stored result says so itself (the durable runner marks it); a shared one is marked here.
-        replayed = shared is not None or fields.get("debateReplayed") is True
-        merged = ({**echo(payload), **fields, "debateReplayed": True} if shared is not None
-                  else {**echo(payload), **fields})
-        failed = fields.get("debateStatus") == "failed"
-        return HandlerResult("failed" if failed else "completed", merged, replayed)
+        return answer(payload, fields, shared=shared is not None)
 
     def _runner_for(self, ask: Ask) -> DurableRunner | None:
         """The durable runner of the debate ``ask`` picks: the handler's own, or its preset's
