@@ -8,8 +8,8 @@
   belongs to ``debatebus.transports``). The root directory is not a layer: each of its modules is
   a node of its own (``debatebus.exceptions`` is imported by every package, and
   ``debatebus.worker`` imports most of them; the facade ``debatebus/__init__`` is one more node).
-- The engine imports nothing of debatebus outside ``ENGINE_MAY_IMPORT``: the exceptions, the
-  wire schemas, the LLM interface and prices.
+- The engine imports nothing of debatebus outside ``ENGINE_MAY_IMPORT``: the exceptions, token
+  usage, the wire schemas, the LLM interface and prices.
 - No function or method is longer than 60 lines.
 - Every public module declares an explicit ``__all__`` of names it defines.
 
@@ -36,7 +36,8 @@ ENGINE = f"{ROOT}.engine"
 #: them). Nothing that does I/O or knows a bus (handlers, transports, stores, workers).
 ENGINE_MAY_IMPORT = frozenset({
     f"{ROOT}.exceptions",  # the one exception tree
-    f"{ROOT}.schemas",  # wire values: events, usage, cost, the envelope's names
+    f"{ROOT}.usage",  # token accounting
+    f"{ROOT}.schemas",  # wire values: events, cost, the envelope's names
     f"{ROOT}.llm.base",  # the LLM interface the engine calls
     f"{ROOT}.llm.structured",  # reading a judge's JSON verdict
     f"{ROOT}.pricing",  # what a debate's prices say a call cost
@@ -195,8 +196,9 @@ def engine_import_violations(modules: dict[str, Module], engine: str,
             loaded = resolve(imp, modules)
             if loaded is None or _within(loaded.name, frozenset({engine})):
                 continue
-            if not _within(loaded.name, allowed):
-                found.append(f"{module.path}:{imp.line}: the engine imports {loaded.name}")
+            line = f"{module.path}:{imp.line}: the engine imports {loaded.name}"
+            if not _within(loaded.name, allowed) and line not in found:
+                found.append(line)
     return found
 
 

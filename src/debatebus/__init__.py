@@ -11,7 +11,7 @@ import debatebus.handlers  # noqa: F401  (registers what Debate.as_handler build
 from debatebus.engine import Budget, Debate, DebateResult, Judge, Participant, Verdict
 from debatebus.exceptions import DebatebusError
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from debatebus.worker import DebateBus
 
 __version__ = "0.1.0"

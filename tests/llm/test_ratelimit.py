@@ -28,7 +28,7 @@ from debatebus.llm.ratelimit import (
 from debatebus.llm.ratelimit_redis import RedisRateLimiter
 from debatebus.llm.retry import RetryPolicy, parse_rate_limit_reset
 from debatebus.observability.metrics import PrometheusObserver
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from tests.llm.servers import FakeAPI, Reply
 from tests.llm.test_retry import Sleeps
 from tests.support.servers import free_port

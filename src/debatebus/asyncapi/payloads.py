@@ -17,7 +17,6 @@ from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES, MAX_DEPTH_LIMIT
 from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import Envelope
 from debatebus.schemas.events import EVENT_TYPES, DebateEvent
-from debatebus.schemas.usage import TokenUsage
 from debatebus.transports.kafka.names import (
     DELIVERIES_HEADER,
     ORIGIN_HEADER,
@@ -25,6 +24,7 @@ from debatebus.transports.kafka.names import (
     ORIGIN_PARTITION_HEADER,
     REASON_HEADER,
 )
+from debatebus.usage import TokenUsage
 
 __all__ = [
     "SCHEMA_REF",

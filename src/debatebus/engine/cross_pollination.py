@@ -24,7 +24,7 @@ from debatebus.engine.subdebates import SubDebateSession
 from debatebus.engine.transcript import Round, Turn
 from debatebus.llm.base import Message
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import ZERO_USAGE
+from debatebus.usage import ZERO_USAGE
 
 __all__ = ["ROUNDS", "run_cross_pollination"]
 

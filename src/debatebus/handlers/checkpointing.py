@@ -20,7 +20,7 @@ from debatebus.engine.people import HumanTurnRecord, PlayedTurn
 from debatebus.engine.result import Progress
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "CheckpointHeader",

@@ -22,7 +22,7 @@ from debatebus.engine.debate import DebateMetrics
 from debatebus.engine.result import DebateResult
 from debatebus.redaction import redact
 from debatebus.schemas.result import HandlerResult
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "PAYLOAD_ECHO_LIMIT",

@@ -17,7 +17,7 @@ from debatebus.exceptions import LLMResponseError, ScriptExhaustedError
 from debatebus.llm.base import LLMRequest, LLMResponse
 from debatebus.llm.retry import Redactor
 from debatebus.llm.structured import extract_json_object
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["FunctionLLM", "ScriptedLLM", "word_usage"]
 

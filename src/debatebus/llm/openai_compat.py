@@ -47,7 +47,7 @@ from debatebus.llm.retry import (
 )
 from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.redaction import redact
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["OpenAICompatibleLLM", "map_openai_error", "prompt_cache_key", "strict_json_schema"]
 

@@ -29,7 +29,7 @@ from debatebus.exceptions import ConfigError, LLMError, TransportError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, model_name
 from debatebus.llm.retry import reporting_rate_limits
 from debatebus.loops import PerLoop
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = [
     "ENV_VAR",

@@ -27,7 +27,7 @@ from debatebus.observability.logs import redact
 from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas import events as ev
 from debatebus.schemas.result import HandlerResult
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 try:
     from opentelemetry import trace

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from debatebus.schemas.cost import DebateCost
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "EVENT_DECODER",
