@@ -8,6 +8,8 @@
   belongs to ``debatebus.transports``). The root directory is not a layer: each of its modules is
   a node of its own (``debatebus.exceptions`` is imported by every package, and
   ``debatebus.worker`` imports most of them; the facade ``debatebus/__init__`` is one more node).
+- No import inside a function closes a cycle of the imports run at import time (within a
+  package too): such an import only hides the cycle.
 - The engine imports nothing of debatebus outside ``ENGINE_MAY_IMPORT``: the exceptions, token
   usage, the wire schemas, the LLM interface and prices.
 - No function or method is longer than 60 lines.
@@ -75,6 +77,36 @@ def _is_private(part: str) -> bool:
     return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _run_at_import(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run when the module is imported (``if TYPE_CHECKING:`` bodies and
+    function bodies left out)."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.If):
+            if not _is_type_checking(stmt.test):
+                yield from _run_at_import(stmt.body)
+            yield from _run_at_import(stmt.orelse)
+        elif isinstance(stmt, ast.Try | ast.TryStar):
+            for block in (stmt.body, stmt.orelse, stmt.finalbody):
+                yield from _run_at_import(block)
+            for handler in stmt.handlers:
+                yield from _run_at_import(handler.body)
+        elif isinstance(stmt, ast.With | ast.AsyncWith | ast.ClassDef):
+            yield from _run_at_import(stmt.body)
+
+
+def _in_functions(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The nodes inside the module's functions and methods (run when they are called)."""
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from ast.walk(node)
+
+
 def _imports_in(module: Module, nodes: Iterator[ast.AST]) -> Iterator[Import]:
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -91,6 +123,14 @@ def _imports_in(module: Module, nodes: Iterator[ast.AST]) -> Iterator[Import]:
 
 def all_imports(module: Module) -> Iterator[Import]:
     return _imports_in(module, ast.walk(module.tree))
+
+
+def imports_at_import(module: Module) -> Iterator[Import]:
+    return _imports_in(module, _run_at_import(module.tree.body))
+
+
+def imports_in_functions(module: Module) -> Iterator[Import]:
+    return _imports_in(module, _in_functions(module.tree.body))
 
 
 def resolve(imp: Import, modules: dict[str, Module]) -> Module | None:
@@ -239,6 +279,40 @@ def module_cycle_violations(modules: dict[str, Module]) -> list[str]:
     return found
 
 
+def hidden_cycle_violations(modules: dict[str, Module]) -> list[str]:
+    """Each import inside a function of a module that the imported module reaches back to
+    through the imports run at import time: a cycle the function-level import hides (within a
+    package too)."""
+    runtime: dict[str, set[str]] = {}
+    for module in modules.values():
+        for imp in imports_at_import(module):
+            loaded = resolve(imp, modules)
+            if loaded is not None and loaded is not module:
+                runtime.setdefault(module.name, set()).add(loaded.name)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, stack = {start}, [start]
+        while stack:
+            for succ in runtime.get(stack.pop(), ()):
+                if succ == goal:
+                    return True
+                if succ not in seen:
+                    seen.add(succ)
+                    stack.append(succ)
+        return False
+
+    found = []
+    for module in modules.values():
+        for imp in imports_in_functions(module):
+            loaded = resolve(imp, modules)
+            if loaded is not None and loaded is not module and reaches(loaded.name, module.name):
+                line = (f"{module.path}:{imp.line}: imports {loaded.name} in a function, which "
+                        f"imports {module.name} back")
+                if line not in found:
+                    found.append(line)
+    return found
+
+
 def long_function_violations(modules: dict[str, Module], limit: int) -> list[str]:
     found = []
 
@@ -351,6 +425,11 @@ def test_no_import_cycle_crosses_a_package_boundary() -> None:
     assert not found, _report(found)
 
 
+def test_no_function_level_import_hides_a_cycle() -> None:
+    found = hidden_cycle_violations(MODULES)
+    assert not found, _report(found)
+
+
 def test_no_function_is_longer_than_the_limit() -> None:
     found = long_function_violations(MODULES, MAX_FUNCTION_LINES)
     assert not found, _report(found)
@@ -413,6 +492,17 @@ def test_cycles_are_caught_through_function_and_type_checking_imports(tree: Path
         "    pkg/a/_impl.py:2",
         "    pkg/b/y.py:2",
     ]
+
+
+def test_a_cycle_hidden_in_a_function_is_caught_within_a_package_too(tree: Path) -> None:
+    assert hidden_cycle_violations(load(tree, "pkg")) == [
+        "pkg/b/y.py:7: imports pkg.c.z in a function, which imports pkg.b.y back"]
+    (tree / "pkg/c/z.py").write_text("X = 1\n")
+    assert hidden_cycle_violations(load(tree, "pkg")) == []
+    (tree / "pkg/a/w.py").write_text("from pkg.a.x import VALUE\n")
+    (tree / "pkg/a/x.py").write_text("def f():\n    from pkg.a import w\n")
+    assert hidden_cycle_violations(load(tree, "pkg")) == [
+        "pkg/a/x.py:2: imports pkg.a.w in a function, which imports pkg.a.x back"]
 
 
 def test_a_subpackage_is_part_of_its_first_level_package(tree: Path) -> None:

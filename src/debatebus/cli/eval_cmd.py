@@ -55,7 +55,7 @@ from debatebus.evaluation.report import Report
 from debatebus.evaluation.runner import Evaluation, Progress
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
-from debatebus.llm.ratelimit import with_rate_limits
+from debatebus.llm.rate_limits import with_rate_limits
 from debatebus.llm.registry import DEFAULT_SPEC, ENV_VAR, resolve_llm
 from debatebus.redaction import redact
 

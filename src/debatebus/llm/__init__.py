@@ -17,12 +17,12 @@ from urllib.parse import urlsplit
 from debatebus.exceptions import ModelRequestsNotAllowedError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, Message, model_name
 from debatebus.llm.fakes import FunctionLLM, ScriptedLLM
+from debatebus.llm.rate_limits import with_rate_limits
 from debatebus.llm.ratelimit import (
     MemoryRateLimiter,
     RateLimit,
     RateLimitedLLM,
     RateLimiter,
-    with_rate_limits,
 )
 from debatebus.llm.spend import MemorySpendLimiter, SpendLimit, SpendLimitedLLM, SpendLimiter
 
