@@ -62,7 +62,7 @@ class RequestPayload(msgspec.Struct, rename="camel", omit_defaults=True):
         description='"rerun" runs afresh under a new debate id instead of replaying.',
     )] = None
     preset: Annotated[str | None, Meta(
-        description="A ready panel from debatebus.presets (e.g. starter_trio) instead of the "
+        description="A ready panel from debatebus.engine.presets (e.g. starter_trio) instead of the "
                     "handler's own debate; only those the handler serves (as_handler(presets=…)).",
     )] = None
     parent_debate_id: Annotated[str | None, Meta(

@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--protocol", choices=PROTOCOLS, default="round-robin",
                         help="the demo debate's protocol (a preset has its own)")
     parser.add_argument("--preset", choices=list(PRESETS),
-                        help="a ready panel from debatebus.presets instead of the demo debate")
+                        help="a ready panel from debatebus.engine.presets instead of the demo debate")
     parser.add_argument("--language", choices=sorted(LANGUAGES), default="en",
                         help="language of the shipped prompts (default en)")
     parser.add_argument("--rounds", type=positive_int, default=2, metavar="N",

@@ -110,7 +110,7 @@ class DebateHandler:
     ``debate*`` result fields. Raises ``InputError`` for a malformed payload or a debate id already
     used for another input; never raises for a failed debate (``debateStatus`` says ``"failed"``).
 
-    ``presets`` names the ``debatebus.presets`` a request may pick with ``payload.preset``, each
+    ``presets`` names the ``debatebus.engine.presets`` a request may pick with ``payload.preset``, each
     built on this debate's default llm; a request naming any other is an InputError.
 
     A ``BusHandler``: a bus calls ``handle(payload, ctx)``; a direct call ``handler(payload)``
