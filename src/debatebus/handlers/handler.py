@@ -53,8 +53,9 @@ Fields = dict[str, Any]
 
 
 class HandlerOptions(TypedDict, total=False):
-    """``DebateHandler``'s keyword arguments, so ``Debate.as_handler(**options)`` is typed by
-    them without repeating their defaults (documented on ``DebateHandler``)."""
+    """``DebateHandler``'s keyword arguments, typed, for code that passes them on
+    (``debate.as_handler(**options)``), without repeating their defaults (documented on
+    ``DebateHandler``)."""
 
     store: CheckpointStore | None
     durable: bool
