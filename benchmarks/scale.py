@@ -57,7 +57,7 @@ from debatebus.collector import DEFAULT_COLLECTOR, Collector  # noqa: E402
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, Message  # noqa: E402
 from debatebus.llm.ratelimit import RateLimit, RateLimitedLLM  # noqa: E402
 from debatebus.llm.ratelimit_redis import RedisRateLimiter  # noqa: E402
-from debatebus.schemas.usage import TokenUsage  # noqa: E402
+from debatebus.usage import TokenUsage  # noqa: E402
 from debatebus.worker import DebateBus  # noqa: E402
 
 # ---- rate limiter accuracy ------------------------------------------------------------------------

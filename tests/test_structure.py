@@ -1,15 +1,23 @@
 """Static checks over src/debatebus, read with ``ast`` (nothing is imported).
 
 - No module imports an underscore name (or from an underscore module) of another package.
-- The packages import each other without a cycle (module-level imports, ``if TYPE_CHECKING:``
-  blocks left out, each package collapsed to one node). The root directory is not a layer: each
-  of its modules is a node of its own (``debatebus.exceptions`` is imported by every package, and
+- The packages import each other without a cycle, counting every import: at module level, in a
+  function (an import put there to hide a cycle is still the cycle) and under
+  ``if TYPE_CHECKING:`` (a type is a dependency too: a module that types against a layer above it
+  depends on that layer). Each first-level package is one node (``debatebus.transports.kafka``
+  belongs to ``debatebus.transports``). The root directory is not a layer: each of its modules is
+  a node of its own (``debatebus.exceptions`` is imported by every package, and
   ``debatebus.worker`` imports most of them; the facade ``debatebus/__init__`` is one more node).
+- No import inside a function closes a cycle of the imports run at import time (within a
+  package too): such an import only hides the cycle.
+- The engine imports nothing of debatebus outside ``ENGINE_MAY_IMPORT``: the exceptions, token
+  usage, the wire schemas, the LLM interface and prices.
 - No function or method is longer than 60 lines.
 - Every public module declares an explicit ``__all__`` of names it defines.
 
 A "package" is a directory: ``debatebus.engine.run`` belongs to ``debatebus.engine``, and
-``debatebus.worker`` to ``debatebus``. Each check lists every violation as ``file:line: what``.
+``debatebus.worker`` to ``debatebus``; a "layer" is a first-level package (or a root module).
+Each check lists every violation as ``file:line: what``.
 """
 
 from __future__ import annotations
@@ -25,6 +33,17 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "debatebus"
 MAX_FUNCTION_LINES = 60
+ENGINE = f"{ROOT}.engine"
+#: What the engine may import of debatebus besides itself: modules, or packages (every module in
+#: them). Nothing that does I/O or knows a bus (handlers, transports, stores, workers).
+ENGINE_MAY_IMPORT = frozenset({
+    f"{ROOT}.exceptions",  # the one exception tree
+    f"{ROOT}.usage",  # token accounting
+    f"{ROOT}.schemas",  # wire values: events, cost, the envelope's names
+    f"{ROOT}.llm.base",  # the LLM interface the engine calls
+    f"{ROOT}.llm.structured",  # reading a judge's JSON verdict
+    f"{ROOT}.pricing",  # what a debate's prices say a call cost
+})
 
 
 @dataclass(frozen=True)
@@ -63,21 +82,29 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _module_level(body: list[ast.stmt]) -> Iterator[ast.stmt]:
-    """The statements run when the module is imported, ``if TYPE_CHECKING:`` bodies left out."""
+def _run_at_import(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """The statements run when the module is imported (``if TYPE_CHECKING:`` bodies and
+    function bodies left out)."""
     for stmt in body:
         yield stmt
         if isinstance(stmt, ast.If):
             if not _is_type_checking(stmt.test):
-                yield from _module_level(stmt.body)
-            yield from _module_level(stmt.orelse)
+                yield from _run_at_import(stmt.body)
+            yield from _run_at_import(stmt.orelse)
         elif isinstance(stmt, ast.Try | ast.TryStar):
             for block in (stmt.body, stmt.orelse, stmt.finalbody):
-                yield from _module_level(block)
+                yield from _run_at_import(block)
             for handler in stmt.handlers:
-                yield from _module_level(handler.body)
+                yield from _run_at_import(handler.body)
         elif isinstance(stmt, ast.With | ast.AsyncWith | ast.ClassDef):
-            yield from _module_level(stmt.body)
+            yield from _run_at_import(stmt.body)
+
+
+def _in_functions(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The nodes inside the module's functions and methods (run when they are called)."""
+    for node in ast.walk(ast.Module(body=body, type_ignores=[])):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield from ast.walk(node)
 
 
 def _imports_in(module: Module, nodes: Iterator[ast.AST]) -> Iterator[Import]:
@@ -98,8 +125,12 @@ def all_imports(module: Module) -> Iterator[Import]:
     return _imports_in(module, ast.walk(module.tree))
 
 
-def module_level_imports(module: Module) -> Iterator[Import]:
-    return _imports_in(module, _module_level(module.tree.body))
+def imports_at_import(module: Module) -> Iterator[Import]:
+    return _imports_in(module, _run_at_import(module.tree.body))
+
+
+def imports_in_functions(module: Module) -> Iterator[Import]:
+    return _imports_in(module, _in_functions(module.tree.body))
 
 
 def resolve(imp: Import, modules: dict[str, Module]) -> Module | None:
@@ -123,10 +154,11 @@ def private_import_violations(modules: dict[str, Module]) -> list[str]:
 
 
 def import_edges(modules: dict[str, Module]) -> dict[tuple[str, str], list[str]]:
-    """(importer, imported) module names → where the module-level imports between them are."""
+    """(importer, imported) module names → where the imports between them are (every import:
+    module level, in functions, under ``if TYPE_CHECKING:``)."""
     edges: dict[tuple[str, str], list[str]] = {}
     for module in modules.values():
-        for imp in module_level_imports(module):
+        for imp in all_imports(module):
             loaded = resolve(imp, modules)
             if loaded is not None and loaded is not module:
                 where = edges.setdefault((module.name, loaded.name), [])
@@ -181,8 +213,33 @@ def cycle_through(graph: dict[str, set[str]], members: list[str]) -> list[str]:
 
 
 def node_of(module: Module) -> str:
-    """A module's node in the package graph: its package, or itself for a root-level module."""
-    return module.name if module.package == ROOT else module.package
+    """A module's node in the package graph: its first-level package, or itself for a root-level
+    module."""
+    if module.package == ROOT:
+        return module.name
+    return ".".join(module.package.split(".")[:2])
+
+
+def _within(name: str, allowed: frozenset[str]) -> bool:
+    return any(name == a or name.startswith(f"{a}.") for a in allowed)
+
+
+def engine_import_violations(modules: dict[str, Module], engine: str,
+                             allowed: frozenset[str]) -> list[str]:
+    """Every import (module level, in functions, for types) by a module of ``engine`` of a
+    module of the project outside ``engine`` and ``allowed``."""
+    found = []
+    for module in modules.values():
+        if not _within(module.name, frozenset({engine})):
+            continue
+        for imp in all_imports(module):
+            loaded = resolve(imp, modules)
+            if loaded is None or _within(loaded.name, frozenset({engine})):
+                continue
+            line = f"{module.path}:{imp.line}: the engine imports {loaded.name}"
+            if not _within(loaded.name, allowed) and line not in found:
+                found.append(line)
+    return found
 
 
 def package_cycle_violations(modules: dict[str, Module]) -> list[str]:
@@ -219,6 +276,40 @@ def module_cycle_violations(modules: dict[str, Module]) -> list[str]:
             cycle = cycle_through(graph, members)
             found.append(f"module cycle across packages: {' → '.join(cycle)}")
             found.extend(f"    {', '.join(edges[pair])}" for pair in itertools.pairwise(cycle))
+    return found
+
+
+def hidden_cycle_violations(modules: dict[str, Module]) -> list[str]:
+    """Each import inside a function of a module that the imported module reaches back to
+    through the imports run at import time: a cycle the function-level import hides (within a
+    package too)."""
+    runtime: dict[str, set[str]] = {}
+    for module in modules.values():
+        for imp in imports_at_import(module):
+            loaded = resolve(imp, modules)
+            if loaded is not None and loaded is not module:
+                runtime.setdefault(module.name, set()).add(loaded.name)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, stack = {start}, [start]
+        while stack:
+            for succ in runtime.get(stack.pop(), ()):
+                if succ == goal:
+                    return True
+                if succ not in seen:
+                    seen.add(succ)
+                    stack.append(succ)
+        return False
+
+    found = []
+    for module in modules.values():
+        for imp in imports_in_functions(module):
+            loaded = resolve(imp, modules)
+            if loaded is not None and loaded is not module and reaches(loaded.name, module.name):
+                line = (f"{module.path}:{imp.line}: imports {loaded.name} in a function, which "
+                        f"imports {module.name} back")
+                if line not in found:
+                    found.append(line)
     return found
 
 
@@ -324,8 +415,18 @@ def test_packages_import_each_other_without_a_cycle() -> None:
     assert not found, _report(found)
 
 
+def test_the_engine_imports_nothing_above_it() -> None:
+    found = engine_import_violations(MODULES, ENGINE, ENGINE_MAY_IMPORT)
+    assert not found, _report(found)
+
+
 def test_no_import_cycle_crosses_a_package_boundary() -> None:
     found = module_cycle_violations(MODULES)
+    assert not found, _report(found)
+
+
+def test_no_function_level_import_hides_a_cycle() -> None:
+    found = hidden_cycle_violations(MODULES)
     assert not found, _report(found)
 
 
@@ -368,7 +469,14 @@ def test_private_imports_are_caught_across_packages_only(tree: Path) -> None:
     # pkg/a/x.py imports _secret from pkg.a._impl: the same package, so not a violation
 
 
-def test_cycles_are_caught_and_type_checking_imports_ignored(tree: Path) -> None:
+def test_cycles_are_caught_through_function_and_type_checking_imports(tree: Path) -> None:
+    # pkg.b.y imports pkg.c.z only under TYPE_CHECKING and in a function; pkg.c.z imports pkg.b.y
+    assert package_cycle_violations(load(tree, "pkg")) == [
+        "packages in a cycle: pkg.b, pkg.c; e.g. pkg.b → pkg.c → pkg.b",
+        "    pkg.b → pkg.c: pkg/b/y.py:4 (pkg.b.y → pkg.c.z) and 1 more",
+        "    pkg.c → pkg.b: pkg/c/z.py:1 (pkg.c.z → pkg.b.y)",
+    ]
+    (tree / "pkg/c/z.py").write_text("X = 1\n")
     assert package_cycle_violations(load(tree, "pkg")) == []
     (tree / "pkg/a/x.py").write_text("from pkg.b.y import f\n__all__ = ['VALUE']\nVALUE = 1\n")
     modules = load(tree, "pkg")
@@ -378,12 +486,43 @@ def test_cycles_are_caught_and_type_checking_imports_ignored(tree: Path) -> None
         "    pkg.b → pkg.a: pkg/b/y.py:2 (pkg.b.y → pkg.a._impl)",
     ]
     assert module_cycle_violations(modules) == []  # the packages' cycle, not the modules'
-    (tree / "pkg/a/_impl.py").write_text("from pkg.b import y\n")
+    (tree / "pkg/a/_impl.py").write_text("def g():\n    from pkg.b import y\n")
     assert module_cycle_violations(load(tree, "pkg")) == [
         "module cycle across packages: pkg.a._impl → pkg.b.y → pkg.a._impl",
-        "    pkg/a/_impl.py:1",
+        "    pkg/a/_impl.py:2",
         "    pkg/b/y.py:2",
     ]
+
+
+def test_a_cycle_hidden_in_a_function_is_caught_within_a_package_too(tree: Path) -> None:
+    assert hidden_cycle_violations(load(tree, "pkg")) == [
+        "pkg/b/y.py:7: imports pkg.c.z in a function, which imports pkg.b.y back"]
+    (tree / "pkg/c/z.py").write_text("X = 1\n")
+    assert hidden_cycle_violations(load(tree, "pkg")) == []
+    (tree / "pkg/a/w.py").write_text("from pkg.a.x import VALUE\n")
+    (tree / "pkg/a/x.py").write_text("def f():\n    from pkg.a import w\n")
+    assert hidden_cycle_violations(load(tree, "pkg")) == [
+        "pkg/a/x.py:2: imports pkg.a.w in a function, which imports pkg.a.x back"]
+
+
+def test_a_subpackage_is_part_of_its_first_level_package(tree: Path) -> None:
+    (tree / "pkg/c/z.py").write_text("X = 1\n")
+    (tree / "pkg/a/deep").mkdir()
+    (tree / "pkg/a/deep/__init__.py").write_text("from pkg.a.x import VALUE\n")
+    (tree / "pkg/a/x.py").write_text("def f():\n    from pkg.a.deep import VALUE\n")
+    assert package_cycle_violations(load(tree, "pkg")) == []
+
+
+def test_the_engine_check_catches_every_kind_of_import(tree: Path) -> None:
+    (tree / "pkg/a/y.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom pkg.c import z\nif TYPE_CHECKING:\n"
+        "    from pkg.b.y import f\ndef g():\n    import pkg.b.y\n")
+    modules = load(tree, "pkg")
+    assert engine_import_violations(modules, "pkg.a", frozenset({"pkg.c"})) == [
+        "pkg/a/y.py:4: the engine imports pkg.b.y",
+        "pkg/a/y.py:6: the engine imports pkg.b.y",
+    ]
+    assert engine_import_violations(modules, "pkg.a", frozenset({"pkg.b.y", "pkg.c.z"})) == []
 
 
 def test_long_functions_are_caught(tree: Path) -> None:

@@ -7,10 +7,11 @@ The top level holds what a first debate needs; the rest lives in its subpackage:
 ``debatebus.observability`` and ``debatebus.testing``.
 """
 
+import debatebus.handlers  # noqa: F401  (registers what Debate.as_handler builds)
 from debatebus.engine import Budget, Debate, DebateResult, Judge, Participant, Verdict
 from debatebus.exceptions import DebatebusError
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from debatebus.worker import DebateBus
 
 __version__ = "0.1.0"

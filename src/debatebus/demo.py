@@ -7,10 +7,11 @@ embedded local model).
 
 from __future__ import annotations
 
-from debatebus.cli.common import broker_url
 from debatebus.engine import Debate, Judge, Participant
 from debatebus.engine.definition import Protocol
 from debatebus.llm.base import LLM
+from debatebus.llm.registry import resolve_llm
+from debatebus.transports import broker_url
 from debatebus.worker import DEFAULT_GROUP, DebateBus
 
 __all__ = ["DEMO_EVENT_TYPE", "DEMO_GROUP", "DEMO_MIN_ROUNDS", "DEMO_WORD_LIMITS", "app",
@@ -59,8 +60,6 @@ def serve(debate: Debate, broker: str | None = None, *, event_type: str = "debat
 
 
 def build_app(broker: str | None = None, *, llm_spec: str | None = None) -> DebateBus:
-    from debatebus.llm.registry import resolve_llm
-
     return serve(build_debate(resolve_llm(llm_spec)), broker)
 
 

@@ -6,10 +6,9 @@ translates its backend's exceptions at the boundary and keeps the original as ``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:
-    from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = [
     "BudgetExceededError",

@@ -34,7 +34,7 @@ from typing import Any
 
 from debatebus.exceptions import ConfigError
 from debatebus.schemas.cost import DebateCost
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["DEFAULT_PRICES", "Price", "Prices"]
 

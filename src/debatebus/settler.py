@@ -26,8 +26,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -35,9 +35,9 @@ from debatebus.backoff import Backoff
 from debatebus.client import Answers
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
-from debatebus.handlers.contract import Handle, Handler, HandlerContext, HandlerResult
-from debatebus.handlers.results import echo, failure_fields
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.handlers.contract import Handle, Handler, HandlerContext
+from debatebus.handlers.results import PAYLOAD_ECHO_LIMIT, failure_result
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas.envelope import (
     Envelope,
     answer_message_id,
@@ -49,26 +49,20 @@ from debatebus.schemas.envelope import (
     now_iso,
 )
 from debatebus.schemas.events import BusEvent, DebateEvent
+from debatebus.schemas.result import HandlerResult
 from debatebus.transports import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
-__all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "EVENT_ENCODER", "PAYLOAD_ECHO_LIMIT", "Route",
-           "Settler", "bad_input", "failure_result", "result_message"]
+__all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "EVENT_ENCODER", "Flow", "MakeContext", "Outlet",
+           "Route", "Settler", "bad_input", "result_message"]
 
 log = logging.getLogger("debatebus.worker")
 
 EVENT_ENCODER = msgspec.json.Encoder()
-#: Failure events echo the request's payload up to this many bytes of JSON; above it they keep
-#: only its small fields and say what was dropped (``debatePayloadTruncated``).
-PAYLOAD_ECHO_LIMIT: Final = 64 * 1024
 #: Reconnect and settle retries wait uniformly in [0, min(cap, base × 2ⁿ)] (full jitter).
 BACKOFF_BASE_S: Final = 0.1
 BACKOFF_CAP_S: Final = 5.0
-#: In a truncated echo: fields kept when their JSON is this small, up to _KEPT_BYTES in all.
-_SMALL_FIELD: Final = 1024
-_KEPT_BYTES: Final = 16 * 1024
-_LISTED_DROPS: Final = 20
-_Settled = tuple[Outcome, HandlerResult | None]
+_Settled = tuple[Settlement, HandlerResult | None]
 #: A request the transport's dialect leaves to another member of the fleet (it holds or answered
 #: it): nothing is published; observers see it as answered elsewhere, ``replayed``.
 _LEFT_ALONE: Final[_Settled] = ("replayed", None)
@@ -82,11 +76,137 @@ class Route:
     handle: Handle
 
 
+class Outlet(Protocol):
+    """Where the flow sends what settles a delivery: its answer (the result message, which acks
+    the delivery where the broker acks) or a dead letter (the delivery's own bytes, a reason)."""
+
+    async def answer(self, delivery: Delivery, message: Outgoing) -> None: ...
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None: ...
+
+
+#: Builds the context a handler is called with, for a delivery's decoded request.
+MakeContext = Callable[[Envelope, Delivery, RequestContext | None], HandlerContext]
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """The settlement flow, the one way a delivery becomes an answer or a dead letter: check its
+    size and delivery count, decode it, ask ``dialect`` whether it is ours, call its handler,
+    and send the result through ``outlet`` (a bad input answered with a failure result when its
+    request id can be read, else dead-lettered; a result the broker refuses as too large answered
+    with a failure result). The worker's ``Settler`` runs it over a ``Transport``; the FastStream
+    host over a framework's broker. Errors other than bad input are raised to the caller."""
+
+    outlet: Outlet
+    context: MakeContext
+    dialect: WireDialect = DEBATEBUS_WIRE
+    #: None: no limit (the framework hosting the handler enforces its own).
+    max_message_bytes: int | None = None
+    max_deliveries: int | None = None
+    observer: Observer | None = None
+
+    def settle(self, delivery: Delivery, handle: Handle | None, ctx: RequestContext | None,
+               debate_name: str | None = None) -> Coroutine[Any, Any, _Settled]:
+        """Settle ``delivery`` with ``handle`` (None: no handler is subscribed for its topic);
+        ``debate_name``: the handler's, for ``ctx``. Returns the coroutine of the step that
+        settles it, awaited by the caller with no frame of this one in between (one fewer per
+        debate in flight)."""
+        if handle is None:
+            return self._dead_letter(delivery, f"no handler subscribed for {delivery.topic!r}")
+        if self.max_message_bytes is not None and len(delivery.body) > self.max_message_bytes:
+            return self._reject_or_fail(delivery, (
+                f"message is {len(delivery.body)} bytes, over the limit of {self.max_message_bytes}: "
+                "send a smaller message or raise max_message_bytes"))
+        if self.max_deliveries is not None and delivery.deliveries > self.max_deliveries:
+            return self._dead_letter(delivery, (
+                f"delivered {delivery.deliveries} times without completing (max_deliveries="
+                f"{self.max_deliveries}): inspect the handler's logs for this request"))
+        if delivery.malformed is not None:
+            return self._reject_or_fail(delivery, delivery.malformed)
+        try:
+            request = decode_request(delivery.body)
+        except InputError as exc:
+            return self._reject_or_fail(delivery, str(exc))
+        if ctx is not None:
+            ctx.request_id, ctx.headers = request.request_id, request.headers
+            ctx.debate_name = debate_name
+        return self._handle(handle, delivery, request, ctx)
+
+    async def _dead_letter(self, delivery: Delivery, reason: str) -> _Settled:
+        await self.outlet.dead_letter(delivery, reason)
+        return "dead_lettered", None
+
+    async def _reject_or_fail(self, delivery: Delivery, reason: str) -> _Settled:
+        """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
+        answer = bad_input(delivery.body, delivery.topic, reason)
+        if answer is None:
+            return await self._dead_letter(delivery, reason)
+        if not await self.dialect.claim(delivery, answer[0].request_id):
+            return _LEFT_ALONE
+        return await self._answer(delivery, *answer, "bad_input", None)
+
+    async def _handle(self, handle: Handle, delivery: Delivery, request: Envelope,
+                      ctx: RequestContext | None) -> _Settled:
+        outcome: Settlement
+        if not await self.dialect.claim(delivery, request.request_id):
+            return _LEFT_ALONE
+        try:
+            result = await handle(request.payload, self.context(request, delivery, ctx))
+        except InputError as exc:
+            result = failure_result(request.payload, request.request_id, str(exc))
+            outcome = "bad_input"
+        else:
+            # A stored or shared answer is a replay whatever its status (no model was called):
+            # logs and metrics count what happened, once.
+            outcome = ("replayed" if result.replayed else
+                       "failed" if result.status == "failed" else "completed")
+            result = self.dialect.answered(result)
+        return await self._answer(delivery, request, result, outcome, ctx)
+
+    async def _answer(self, delivery: Delivery, request: Envelope, result: HandlerResult,
+                      outcome: Settlement, ctx: RequestContext | None) -> _Settled:
+        """Answer with ``result``; one the broker refuses as too large becomes a failure event."""
+        try:
+            await self._send(delivery, request, result, ctx)
+        except MessageTooLargeError as exc:
+            return await self._too_large(delivery, request, exc, ctx)
+        return outcome, result
+
+    async def _too_large(self, delivery: Delivery, request: Envelope, exc: MessageTooLargeError,
+                         ctx: RequestContext | None) -> _Settled:
+        reason = (f"result is {exc.size} bytes, over the broker's limit of {exc.limit}: ask for "
+                  "less (fewer rounds, shorter answers, a smaller payload) or raise the broker's "
+                  "message size limit")
+        log.warning("%s %s: %s; publishing a failure event instead", delivery.topic,
+                    delivery.id, reason)
+        failure = failure_result(request.payload, request.request_id, reason,
+                                 echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
+        try:
+            await self._send(delivery, request, failure, ctx)
+        except MessageTooLargeError as again:
+            return await self._dead_letter(delivery, (
+                f"{reason}; its failure event ({again.size} bytes) was refused too"))
+        return "failed", failure
+
+    async def _send(self, delivery: Delivery, request: Envelope, result: HandlerResult,
+                    ctx: RequestContext | None) -> None:
+        headers = request.headers
+        if ctx is not None and self.observer is not None:
+            extra = self.observer.outgoing_headers(ctx)
+            headers = {**headers, **extra} if extra else headers
+        await self.outlet.answer(delivery, result_message(
+            request, delivery.topic, result, headers, dialect=self.dialect,
+            request_body=delivery.body))
+
+
 @dataclass(slots=True)
 class Settler:
-    """What settling needs of a worker: its routes, limits, observers (``observe.fan_out``'s,
-    which keeps an observer's error from reaching a settle) and event channel, and ``release``
-    (stop holding a delivery, so the broker hands it out again)."""
+    """The worker's settling: the ``Flow`` over its transport, with its routes, limits, observers
+    (``observability.observer.fan_out``'s, which keeps an observer's error from reaching a
+    settle) and event channel; what the flow raises is settled here (released or requeued), and
+    a settle the broker refuses is retried until it lands. ``release``: stop holding a delivery,
+    so the broker hands it out again."""
 
     transport: Transport
     routes: Mapping[str, Route]
@@ -99,6 +219,11 @@ class Settler:
     #: Where sub-debates wait for their children's results and persons' turns for their replies
     #: (the worker's, on ``transport``).
     answers: Answers | None = None
+    flow: Flow = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.flow = Flow(self, self._context, self.transport.dialect, self.max_message_bytes,
+                         self.max_deliveries, self.observer)
 
     async def process(self, delivery: Delivery) -> None:
         """Settle ``delivery`` one way (answered, failed, dead-lettered, requeued), or release it
@@ -108,10 +233,13 @@ class Settler:
         if observer is not None and ctx is not None:
             observer.request_started(ctx)
             started = time.perf_counter()
-        outcome: Outcome = "unsettled"
+        outcome: Settlement = "unsettled"
         result: HandlerResult | None = None
+        route = self.routes.get(delivery.topic)
         try:
-            outcome, result = await self._settle(delivery, ctx)
+            outcome, result = await self.flow.settle(
+                delivery, route.handle if route is not None else None, ctx,
+                getattr(route.handler, "name", None) if ctx is not None and route else None)
         except LeaseLostError as exc:
             log.warning("%s (%s %s released for redelivery)", exc, delivery.topic, delivery.id)
             self.release(delivery)
@@ -131,6 +259,22 @@ class Settler:
                     ctx.dead_letter_topic = self.transport.topic_name(dlq_topic(delivery.topic))
                 observer.request_finished(ctx, outcome, result, time.perf_counter() - started)
 
+    async def answer(self, delivery: Delivery, message: Outgoing) -> None:
+        """The flow's answer: ack ``delivery`` with ``message``, retried until the broker takes it."""
+        await self._retrying(delivery, "result", lambda: self.transport.ack(delivery, [message]))
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """The flow's dead letter, retried until the broker takes it."""
+        await self._retrying(delivery, "dead letter",
+                             lambda: self.transport.reject(delivery, reason))
+
+    def _context(self, request: Envelope, delivery: Delivery,
+                 ctx: RequestContext | None) -> HandlerContext:
+        # One publisher for the debate's events and its turn deltas (``stream_turns``).
+        publish = self._publisher(request) if self.publish_events else None
+        return HandlerContext(request.request_id, self._on_event(publish, ctx), delivery,
+                              self.transport, self._event_types(ctx), self.answers, publish)
+
     async def _requeue(self, delivery: Delivery) -> None:
         try:
             await self.transport.reject(delivery, "handler raised", requeue=True)
@@ -138,102 +282,6 @@ class Settler:
             log.warning("could not requeue %s %s (%s): released for redelivery",
                         delivery.topic, delivery.id, exc)
             self.release(delivery)
-
-    def _settle(self, delivery: Delivery,
-                ctx: RequestContext | None) -> Coroutine[Any, Any, _Settled]:
-        # Returns the coroutine of the step that settles ``delivery``, awaited by ``process``
-        # with no frame of this one in between (one fewer per debate in flight).
-        route = self.routes.get(delivery.topic)
-        if route is None:
-            return self._dead_letter(delivery, f"no handler subscribed for {delivery.topic!r}")
-        if len(delivery.body) > self.max_message_bytes:
-            return self._reject_or_fail(delivery, (
-                f"message is {len(delivery.body)} bytes, over the limit of {self.max_message_bytes}: "
-                "send a smaller message or raise max_message_bytes"))
-        if delivery.deliveries > self.max_deliveries:
-            return self._dead_letter(delivery, (
-                f"delivered {delivery.deliveries} times without completing (max_deliveries="
-                f"{self.max_deliveries}): inspect the handler's logs for this request"))
-        if delivery.malformed is not None:
-            return self._reject_or_fail(delivery, delivery.malformed)
-        try:
-            request = decode_request(delivery.body)
-        except InputError as exc:
-            return self._reject_or_fail(delivery, str(exc))
-        if ctx is not None:
-            ctx.request_id, ctx.headers = request.request_id, request.headers
-            ctx.debate_name = getattr(route.handler, "name", None)
-        return self._handle(route, delivery, request, ctx)
-
-    async def _dead_letter(self, delivery: Delivery, reason: str) -> _Settled:
-        await self._retrying(delivery, "dead letter", lambda: self.transport.reject(delivery, reason))
-        return "dead_lettered", None
-
-    async def _reject_or_fail(self, delivery: Delivery, reason: str) -> _Settled:
-        """A failed event when the request id can be read, the DLQ (original bytes) otherwise."""
-        answer = bad_input(delivery.body, delivery.topic, reason)
-        if answer is None:
-            return await self._dead_letter(delivery, reason)
-        if not await self.transport.dialect.claim(delivery, answer[0].request_id):
-            return _LEFT_ALONE
-        return await self._answer(delivery, *answer, "bad_input", None)
-
-    async def _handle(self, route: Route, delivery: Delivery, request: Envelope,
-                      ctx: RequestContext | None) -> _Settled:
-        outcome: Outcome
-        if not await self.transport.dialect.claim(delivery, request.request_id):
-            return _LEFT_ALONE
-        # One publisher for the debate's events and its turn deltas (``stream_turns``).
-        publish = self._publisher(request) if self.publish_events else None
-        handling = HandlerContext(request.request_id, self._on_event(publish, ctx), delivery,
-                                  self.transport, self._event_types(ctx), self.answers, publish)
-        try:
-            result = await route.handle(request.payload, handling)
-        except InputError as exc:
-            result = failure_result(request.payload, request.request_id, str(exc))
-            outcome = "bad_input"
-        else:
-            # A stored or shared answer is a replay whatever its status (no model was called):
-            # logs and metrics count what happened, once.
-            outcome = ("replayed" if result.replayed else
-                       "failed" if result.status == "failed" else "completed")
-            result = self.transport.dialect.answered(result)
-        return await self._answer(delivery, request, result, outcome, ctx)
-
-    async def _answer(self, delivery: Delivery, request: Envelope, result: HandlerResult,
-                      outcome: Outcome, ctx: RequestContext | None) -> _Settled:
-        """Ack with ``result``; one the broker refuses as too large becomes a failure event."""
-        try:
-            await self._ack(delivery, request, result, ctx)
-        except MessageTooLargeError as exc:
-            return await self._too_large(delivery, request, exc, ctx)
-        return outcome, result
-
-    async def _too_large(self, delivery: Delivery, request: Envelope, exc: MessageTooLargeError,
-                         ctx: RequestContext | None) -> _Settled:
-        reason = (f"result is {exc.size} bytes, over the broker's limit of {exc.limit}: ask for "
-                  "less (fewer rounds, shorter answers, a smaller payload) or raise the broker's "
-                  "message size limit")
-        log.warning("%s %s: %s; publishing a failure event instead", delivery.topic,
-                    delivery.id, reason)
-        failure = failure_result(request.payload, request.request_id, reason,
-                                 echo_limit=min(PAYLOAD_ECHO_LIMIT, exc.limit // 4))
-        try:
-            await self._ack(delivery, request, failure, ctx)
-        except MessageTooLargeError as again:
-            return await self._dead_letter(delivery, (
-                f"{reason}; its failure event ({again.size} bytes) was refused too"))
-        return "failed", failure
-
-    async def _ack(self, delivery: Delivery, request: Envelope, result: HandlerResult,
-                   ctx: RequestContext | None) -> None:
-        headers = request.headers
-        if ctx is not None and self.observer is not None:
-            extra = self.observer.outgoing_headers(ctx)
-            headers = {**headers, **extra} if extra else headers
-        out = [result_message(request, delivery.topic, result, headers,
-                              dialect=self.transport.dialect, request_body=delivery.body)]
-        await self._retrying(delivery, "result", lambda: self.transport.ack(delivery, out))
 
     async def _retrying(self, delivery: Delivery, what: str,
                         settle: Callable[[], Awaitable[None]]) -> None:
@@ -343,34 +391,3 @@ def bad_input(body: bytes, event_type: str, reason: str) -> tuple[Envelope, Hand
         return None
     request = Envelope(request_id=request_id, payload=payload, type=event_type)
     return request, failure_result(payload, request_id, reason)
-
-
-def failure_result(payload: Mapping[str, Any], request_id: str, error: str, *,
-                   echo_limit: int = PAYLOAD_ECHO_LIMIT) -> HandlerResult:
-    """A request that failed before or instead of a debate: its payload echoed (up to
-    ``echo_limit`` bytes of JSON) with the failure fields."""
-    echo = _echo(payload, echo_limit)
-    debate_id = echo.get("debateId")  # not when it was too big to echo
-    return HandlerResult("failed", {
-        **echo, **failure_fields(debate_id if isinstance(debate_id, str) else request_id, error)})
-
-
-def _echo(payload: Mapping[str, Any], limit: int) -> dict[str, Any]:
-    """``payload`` (its ``echo``) when its JSON fits in ``limit`` bytes; else its small fields and
-    ``debatePayloadTruncated``: the payload's size, the limit, and the fields dropped."""
-    size = len(EVENT_ENCODER.encode(payload))
-    if size <= limit:
-        return echo(payload)
-    kept: dict[str, Any] = {}
-    dropped: list[str] = []
-    budget = min(_KEPT_BYTES, limit // 4)
-    for name, value in echo(payload).items():
-        cost = len(name) + len(EVENT_ENCODER.encode(value))
-        if cost <= _SMALL_FIELD and cost <= budget:
-            kept[name] = value
-            budget -= cost
-        else:
-            dropped.append(name)
-    listed = [name[:64] for name in dropped[:_LISTED_DROPS]]
-    return {**kept, "debatePayloadTruncated": {
-        "bytes": size, "limit": limit, "dropped": listed, "droppedCount": len(dropped)}}

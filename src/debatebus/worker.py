@@ -42,7 +42,7 @@ from debatebus.exceptions import (
 from debatebus.handlers.contract import Handler, Slot, adapt, current_slot
 from debatebus.handlers.handler import attach_default_stores
 from debatebus.observability.heartbeat import beat_forever, send_last_beat
-from debatebus.observe import Observer, fan_out
+from debatebus.observability.observer import Observer, fan_out
 from debatebus.settler import BACKOFF_BASE_S, BACKOFF_CAP_S, Route, Settler
 from debatebus.supervisor import supervise
 from debatebus.transports import (

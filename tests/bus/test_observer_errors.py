@@ -16,7 +16,7 @@ from tests.bus.conftest import make_debate, running, transport_options
 
 from debatebus.client import BusClient
 from debatebus.handlers.contract import HandlerResult
-from debatebus.observe import Observer, Outcome, RequestContext, fan_out
+from debatebus.observability.observer import Observer, RequestContext, Settlement, fan_out
 from debatebus.schemas.events import DebateEvent
 from debatebus.transports.kafka import kafka_topic
 from debatebus.worker import DebateBus
@@ -44,7 +44,7 @@ class Broken(Observer):
     def debate_event(self, ctx: RequestContext, event: DebateEvent) -> None:
         self._maybe_raise("debate_event")
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         self._maybe_raise("request_finished")
 
@@ -53,9 +53,9 @@ class Counting(Observer):
     """A well-behaved observer next to the broken one: it still sees every request."""
 
     def __init__(self) -> None:
-        self.finished: list[Outcome] = []
+        self.finished: list[Settlement] = []
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         self.finished.append(outcome)
 

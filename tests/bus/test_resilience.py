@@ -17,8 +17,8 @@ from tests.support.servers import RedisServer
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError, LeaseLostError, TransportError
+from debatebus.handlers.results import PAYLOAD_ECHO_LIMIT
 from debatebus.schemas.envelope import completed_topic, failed_topic
-from debatebus.settler import PAYLOAD_ECHO_LIMIT
 from debatebus.transports import Delivery, Outgoing, dlq_topic
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import DebateBus

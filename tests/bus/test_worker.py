@@ -21,7 +21,7 @@ from debatebus.client import BusClient
 from debatebus.exceptions import TransportError
 from debatebus.handlers.contract import HandlerResult
 from debatebus.observability.logs import LoggingObserver
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas.events import EVENT_DECODER
 from debatebus.transports import Delivery, Outgoing, dlq_topic, transport_from_url
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
@@ -206,7 +206,7 @@ class _Finished(Observer):
     def __init__(self) -> None:
         self.dead = asyncio.Event()
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         if outcome == "dead_lettered":
             self.dead.set()

@@ -30,7 +30,7 @@ from debatebus.client import BusClient
 from debatebus.handlers.contract import HandlerResult
 from debatebus.llm.ratelimit import RateLimit, RateLimitedLLM
 from debatebus.llm.ratelimit_redis import RedisRateLimiter
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.transports.redis_cluster import cluster_key
 from debatebus.worker import DebateBus
@@ -64,7 +64,7 @@ class Settled(Observer):
         self.times: list[float] = []
         self.changed = asyncio.Event()
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         if outcome != "unsettled" and ctx.request_id is not None:
             now = time.monotonic()

@@ -22,11 +22,8 @@ from debatebus.checkpoints import (
 from debatebus.checkpoints.base import Counters
 from debatebus.exceptions import ConfigError, InputError, TransportError
 from debatebus.handlers import attach_default_stores
-from debatebus.handlers.checkpointing import (
-    debate_key,
-    decode_result,
-    request_fingerprint,
-)
+from debatebus.handlers.checkpointing import debate_key, decode_result
+from debatebus.handlers.inputs import request_fingerprint
 
 ROUNDS = 2
 NEEDED = 1 + 3 * ROUNDS + 1  # framing, per round two turns and a judge, synthesis

@@ -19,7 +19,7 @@ from debatebus import FunctionLLM, LLMRequest, TokenUsage
 from debatebus.exceptions import LLMError
 from debatebus.llm.fakes import word_usage
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import ZERO_USAGE
+from debatebus.usage import ZERO_USAGE
 
 # (speaker, purpose, round) of one call, e.g. ("alice", "opening", 1) or ("judge", "judge", 2).
 Key = tuple[str, str, int]

@@ -29,7 +29,7 @@ from debatebus.handlers.checkpointing import (
 from debatebus.handlers.results import result_fields
 from debatebus.pricing import DEFAULT_PRICES, Price, Prices
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 TURN_USAGE = TokenUsage.of(1000, 100, cache_read_tokens=600, cache_write_tokens=200)
 TURN_COST = 0.00303

@@ -15,10 +15,10 @@ import pytest
 from debatebus import Debate, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.cli import run_cmd
+from debatebus.engine.presets import PRESETS, preset
 from debatebus.exceptions import ConfigError, InputError
-from debatebus.handlers.checkpointing import request_fingerprint
+from debatebus.handlers.inputs import request_fingerprint
 from debatebus.llm import ScriptedLLM
-from debatebus.presets import PRESETS, preset
 from debatebus.schemas import events as ev
 from debatebus.testing import DebateTestBus, FunctionLLM
 

@@ -16,6 +16,7 @@ import pytest
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
 from debatebus.engine import Prompts, Utility
+from debatebus.engine.presets import PRESETS
 from debatebus.engine.run import Run
 from debatebus.engine.transcript import (
     Round,
@@ -24,7 +25,6 @@ from debatebus.engine.transcript import (
     render_round,
     render_transcript,
 )
-from debatebus.presets import preset_names
 
 QUESTION = "Should the library adopt {templates} for its prompts?"
 #: How each language opens a speaker's own part of a prompt.
@@ -56,7 +56,7 @@ def _debate(protocol: str, language: str, preset: str | None, llm: FunctionLLM) 
 
 CASES = [(protocol, language, None) for protocol in ("round-robin", "cross-pollination")
          for language in TURN_LINE] + [
-    (None, language, name) for name in preset_names() for language in TURN_LINE]
+    (None, language, name) for name in PRESETS for language in TURN_LINE]
 
 
 def _shared(request: LLMRequest) -> str:

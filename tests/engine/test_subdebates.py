@@ -23,7 +23,7 @@ from debatebus.exceptions import ConfigError
 from debatebus.handlers.results import result_fields
 from debatebus.llm.fakes import word_usage
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import ZERO_USAGE
+from debatebus.usage import ZERO_USAGE
 
 TOPIC = "Should we ship the login redesign this week?"
 MARK = "REQUEST_SUB_DEBATE: security"

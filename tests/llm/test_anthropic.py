@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from debatebus.exceptions import LLMError, LLMRateLimitError, LLMResponseError, LLMTimeoutError
 from debatebus.llm import AnthropicLLM, LLMRequest, Message
 from debatebus.llm.retry import RetryPolicy
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from tests.llm.servers import FakeAPI, Reply, anthropic_error, anthropic_message
 from tests.llm.test_retry import Sleeps
 

@@ -15,7 +15,7 @@ from debatebus.llm import AnthropicLLM, LLMRequest, Message, OpenAICompatibleLLM
 from debatebus.llm.openai_compat import prompt_cache_key
 from debatebus.llm.retry import RetryPolicy
 from debatebus.pricing import DEFAULT_PRICES
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from tests.llm.servers import FakeAPI, Reply, anthropic_message, chat_completion
 from tests.support.caching import AnthropicCache, CachingAPI, OpenAICache
 

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from debatebus.exceptions import ConfigError, LLMError, TransportError
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, Message
 from debatebus.llm.openai_compat import OpenAICompatibleLLM
+from debatebus.llm.rate_limits import with_rate_limits
 from debatebus.llm.ratelimit import (
     MemoryRateLimiter,
     RateLimit,
@@ -23,12 +24,11 @@ from debatebus.llm.ratelimit import (
     RateLimiter,
     estimate_tokens,
     parse_rate_limits,
-    with_rate_limits,
 )
 from debatebus.llm.ratelimit_redis import RedisRateLimiter
 from debatebus.llm.retry import RetryPolicy, parse_rate_limit_reset
 from debatebus.observability.metrics import PrometheusObserver
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from tests.llm.servers import FakeAPI, Reply
 from tests.llm.test_retry import Sleeps
 from tests.support.servers import free_port

@@ -9,8 +9,11 @@ import pytest
 
 import debatebus.llm
 from debatebus.exceptions import LLMError, ModelRequestsNotAllowedError
-from debatebus.llm import AnthropicLLM, LLMRequest, Message, OpenAICompatibleLLM
-from debatebus.llm.settings import (
+from debatebus.llm import (
+    AnthropicLLM,
+    LLMRequest,
+    Message,
+    OpenAICompatibleLLM,
     check_model_requests_allowed,
     is_paid_url,
     override_allow_model_requests,

@@ -11,7 +11,7 @@ from debatebus.exceptions import ConfigError, LLMTimeoutError, SpendLimitError
 from debatebus.handlers.results import result_fields
 from debatebus.llm import MemorySpendLimiter, SpendLimit, SpendLimitedLLM
 from debatebus.pricing import Price, Prices
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 PRICES = Prices({"talker": Price(3.0, 0.3, 3.75, 15.0)})
 USAGE = TokenUsage.of(1000, 100)  # (1000·3 + 100·15) / 1e6 = 0.0045 a call

@@ -15,7 +15,7 @@ from debatebus import Debate, FunctionLLM, LLMRequest, LLMResponse, Participant
 from debatebus.llm import SpendLimit, SpendLimitedLLM
 from debatebus.llm.ratelimit_redis import RedisSpendLimiter
 from debatebus.pricing import Price, Prices
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 PROCESSES = 3
 PRICES = Prices({"talker": Price(3.0, 0.3, 3.75, 15.0)})

@@ -27,7 +27,7 @@ from debatebus.llm import (
 from debatebus.llm.anthropic_llm import AnthropicLLM
 from debatebus.llm.openai_compat import OpenAICompatibleLLM
 from debatebus.llm.retry import RetryPolicy
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
 from tests.llm.servers import FakeAPI, Reply, anthropic_events, chat_chunks
 from tests.llm.test_retry import Sleeps

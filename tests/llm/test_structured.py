@@ -16,7 +16,7 @@ from debatebus.llm.structured import (
     parse_structured,
     with_json_instructions,
 )
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 
 class Verdict(BaseModel):

@@ -14,7 +14,7 @@ from tests.bus.conftest import make_debate, transport_options
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.checkpoints.base import Counters
-from debatebus.observe import Observer, RequestContext
+from debatebus.observability.observer import Observer, RequestContext
 from debatebus.schemas.events import DebateEvent
 from debatebus.transports import Delivery
 from debatebus.worker import DebateBus

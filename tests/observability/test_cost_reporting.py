@@ -10,10 +10,10 @@ from prometheus_client import CollectorRegistry
 from debatebus.handlers.children import outcome_of
 from debatebus.handlers.contract import HandlerResult
 from debatebus.observability.metrics import PrometheusObserver
-from debatebus.observe import RequestContext
+from debatebus.observability.observer import RequestContext
 from debatebus.schemas import events as ev
 from debatebus.schemas.cost import DebateCost
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 from debatebus.web.store import DebateStore
 
 USAGE = TokenUsage.of(1000, 100, cache_read_tokens=600, cache_write_tokens=200)

@@ -12,7 +12,7 @@ from tests.bus.conftest import make_debate, running
 
 from debatebus.client import BusClient
 from debatebus.observability.logs import LoggingObserver
-from debatebus.observe import Observer, RequestContext, fan_out
+from debatebus.observability.observer import Observer, RequestContext, fan_out
 from debatebus.schemas import events as ev
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import DebateBus

@@ -22,7 +22,7 @@ from debatebus.observability.logs import (
     configure_logging,
     redact,
 )
-from debatebus.observe import RequestContext
+from debatebus.observability.observer import RequestContext
 from debatebus.schemas import events as ev
 from debatebus.worker import DebateBus
 

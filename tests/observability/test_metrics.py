@@ -19,7 +19,7 @@ from tests.observability.observed import (
 
 from debatebus.client import BusClient
 from debatebus.observability.metrics import PrometheusObserver
-from debatebus.observe import RequestContext
+from debatebus.observability.observer import RequestContext
 from debatebus.schemas import events as ev
 from debatebus.transports import Outgoing, dlq_topic
 

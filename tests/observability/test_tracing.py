@@ -17,8 +17,8 @@ from tests.bus.conftest import running, transport_options
 from tests.observability.observed import DOOMED, TIMEOUT, app_on, new_event_type
 
 from debatebus.client import BusClient
+from debatebus.observability.observer import RequestContext
 from debatebus.observability.tracing import TracingObserver, inject_traceparent
-from debatebus.observe import RequestContext
 from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import Envelope
 
@@ -162,7 +162,7 @@ def test_a_no_op_without_opentelemetry() -> None:
         sys.modules["opentelemetry"] = None  # as if it were not installed
         from debatebus.client import BusClient
         from debatebus.observability.tracing import OTEL_AVAILABLE, TracingObserver, inject_traceparent
-        from debatebus.observe import RequestContext
+        from debatebus.observability.observer import RequestContext
         observer = TracingObserver()
         ctx = RequestContext("debate:request", "1-0", 1, headers={"traceparent": "x"})
         observer.request_started(ctx)

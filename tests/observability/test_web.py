@@ -36,9 +36,9 @@ from debatebus.pricing import Price, Prices
 from debatebus.redaction import REDACTED
 from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import completed_topic
-from debatebus.schemas.usage import TokenUsage
 from debatebus.transports import Outgoing
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
+from debatebus.usage import TokenUsage
 from debatebus.web import app as web_app
 from debatebus.web import build_server, create_app
 from debatebus.web.store import DebateStore, Listener

@@ -25,7 +25,7 @@ from tests.transports.test_contract import Reader
 from debatebus.checkpoints import store_for_broker
 from debatebus.exceptions import ConfigError
 from debatebus.observability.heartbeat import latest_heartbeat
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.transports import Delivery, transport_from_url
 from debatebus.transports.base import Outgoing, dlq_topic
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
@@ -172,7 +172,7 @@ class Finished(Observer):
         self.count = 0
         self.changed = asyncio.Event()
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome, result: Any,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement, result: Any,
                          duration_s: float) -> None:
         self.count += 1
         self.changed.set()

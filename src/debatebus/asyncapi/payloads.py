@@ -17,7 +17,6 @@ from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES, MAX_DEPTH_LIMIT
 from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import Envelope
 from debatebus.schemas.events import EVENT_TYPES, BusEvent
-from debatebus.schemas.usage import TokenUsage
 from debatebus.transports.kafka.names import (
     DELIVERIES_HEADER,
     ORIGIN_HEADER,
@@ -25,6 +24,7 @@ from debatebus.transports.kafka.names import (
     ORIGIN_PARTITION_HEADER,
     REASON_HEADER,
 )
+from debatebus.usage import TokenUsage
 
 __all__ = [
     "SCHEMA_REF",
@@ -62,7 +62,7 @@ class RequestPayload(msgspec.Struct, rename="camel", omit_defaults=True):
         description='"rerun" runs afresh under a new debate id instead of replaying.',
     )] = None
     preset: Annotated[str | None, Meta(
-        description="A ready panel from debatebus.presets (e.g. starter_trio) instead of the "
+        description="A ready panel from debatebus.engine.presets (e.g. starter_trio) instead of the "
                     "handler's own debate; only those the handler serves (as_handler(presets=…)).",
     )] = None
     parent_debate_id: Annotated[str | None, Meta(

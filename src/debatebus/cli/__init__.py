@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
+from debatebus.exceptions import DebatebusError
 from debatebus.redaction import redact
 
 __all__ = ["main"]
@@ -87,8 +88,6 @@ def _run(func: Callable[[argparse.Namespace], Coroutine[Any, Any, int]], args: a
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from debatebus.exceptions import DebatebusError
-
     args = build_parser().parse_args(argv)
     try:
         return _run(args.func, args)

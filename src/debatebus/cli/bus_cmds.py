@@ -20,10 +20,14 @@ from debatebus.cli.common import (
     positive_int,
     seconds,
 )
+from debatebus.cli.run_cmd import DebateView, screen_for
 from debatebus.client import BusClient
 from debatebus.collector import DEFAULT_COLLECTOR
+from debatebus.demo import DEMO_EVENT_TYPE, DEMO_GROUP, build_debate, serve
 from debatebus.exceptions import ConfigError
-from debatebus.observe import Observer, RequestContext
+from debatebus.llm.registry import resolve_llm
+from debatebus.observability.logs import LoggingObserver, configure_logging
+from debatebus.observability.observer import Observer, RequestContext
 from debatebus.schemas.events import DebateEvent
 from debatebus.worker import DebateBus
 
@@ -103,8 +107,6 @@ def _add_observability(worker: argparse.ArgumentParser) -> None:
 
 
 def _observe(app: DebateBus, args: argparse.Namespace) -> None:
-    from debatebus.observability.logs import LoggingObserver
-
     app.add_observer(LoggingObserver(log_transcripts=args.log_transcripts))
     for option, given in (("--metrics-host", args.metrics_host),
                           ("--metrics-token", args.metrics_token),
@@ -112,7 +114,7 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
         if given and not args.metrics_port:
             raise ConfigError(f"{option} needs --metrics-port: give both, or neither")
     if args.metrics_port:
-        try:
+        try:  # imported here: prometheus-client is an optional extra (debatebus[metrics])
             from debatebus.observability.metrics import (
                 DEFAULT_METRICS_HOST,
                 METRICS_TOKEN_ENV,
@@ -130,7 +132,7 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
             raise ConfigError(f"cannot serve metrics on {host}:{args.metrics_port}: "
                               f"{exc.strerror or exc}") from None
         app.add_observer(PrometheusObserver())
-    if args.otel:
+    if args.otel:  # imported here: OpenTelemetry is an optional extra (debatebus[otel])
         from debatebus.observability.tracing import TracingObserver, provider_configured
 
         tracing = TracingObserver()
@@ -153,8 +155,6 @@ def load_app(spec: str) -> DebateBus:
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    from debatebus.observability.logs import configure_logging
-
     configure_logging(args.log_format, args.log_level)
     app = load_app(args.app)
     _observe(app, args)
@@ -240,10 +240,6 @@ class _ShowTurns(Observer):
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from debatebus.cli.run_cmd import DebateView, screen_for
-    from debatebus.demo import DEMO_EVENT_TYPE, DEMO_GROUP, build_debate, serve
-    from debatebus.llm.registry import resolve_llm
-
     debate = build_debate(resolve_llm(args.llm))
     url = args.broker or os.environ.get("DEBATEBUS_BROKER") or "memory://"
     app = serve(debate, url, event_type=DEMO_EVENT_TYPE, group=DEMO_GROUP)

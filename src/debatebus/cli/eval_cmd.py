@@ -33,6 +33,7 @@ from debatebus.client import BusClient
 from debatebus.engine.debate import Debate
 from debatebus.engine.definition import Judge
 from debatebus.engine.definition import Protocol as DebateProtocol
+from debatebus.engine.presets import PRESETS
 from debatebus.evaluation.arms import (
     Arm,
     DebateArm,
@@ -54,7 +55,8 @@ from debatebus.evaluation.report import Report
 from debatebus.evaluation.runner import Evaluation, Progress
 from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
-from debatebus.presets import PRESETS
+from debatebus.llm.rate_limits import with_rate_limits
+from debatebus.llm.registry import DEFAULT_SPEC, ENV_VAR, resolve_llm
 from debatebus.redaction import redact
 
 __all__ = ["ITEMS_FILE", "ProgressBar", "add_parser", "run"]
@@ -160,9 +162,6 @@ class _Model:
 
     def __call__(self) -> LLM:
         if self._llm is None:
-            from debatebus.llm.ratelimit import with_rate_limits
-            from debatebus.llm.registry import resolve_llm
-
             self._llm = with_rate_limits(resolve_llm(self.spec),
                                          redis_url=_redis_of(self.broker))
         return self._llm
@@ -207,16 +206,12 @@ def _grader(args: argparse.Namespace, model: _Model) -> Grader:
     if spec.startswith("regex:"):
         return RegexGrader(spec.removeprefix("regex:"))
     if spec == "judge":
-        from debatebus.llm.registry import resolve_llm
-
         return JudgeGrader(resolve_llm(args.grader_llm) if args.grader_llm else model())
     raise ConfigError(f"--grader {spec!r}: use numeric, exact, regex:PATTERN or judge")
 
 
 def _models(args: argparse.Namespace, model: _Model) -> dict[str, str]:
     """The model strings the report records (redacted: a base URL may hold a key)."""
-    from debatebus.llm.registry import DEFAULT_SPEC, ENV_VAR
-
     models = {}
     if model.used:
         models["llm"] = redact(args.llm or os.environ.get(ENV_VAR) or DEFAULT_SPEC)

@@ -16,14 +16,16 @@ import sys
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from debatebus.cli.common import positive_int
+from debatebus.demo import build_debate
 from debatebus.engine import Debate, interpret_phi_hat
 from debatebus.engine.cross_pollination import ROUNDS as CROSS_POLLINATION_ROUNDS
 from debatebus.engine.definition import PROTOCOLS, Judge
+from debatebus.engine.presets import PRESETS
 from debatebus.engine.prompts import LANGUAGES
 from debatebus.engine.run import TurnKey
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.results import result_fields, to_builtins
-from debatebus.presets import PRESETS
+from debatebus.llm.registry import resolve_llm
 from debatebus.pricing import DEFAULT_PRICES, Prices
 from debatebus.schemas import events as ev
 
@@ -54,7 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser.add_argument("--protocol", choices=PROTOCOLS, default="round-robin",
                         help="the demo debate's protocol (a preset has its own)")
     parser.add_argument("--preset", choices=list(PRESETS),
-                        help="a ready panel from debatebus.presets instead of the demo debate")
+                        help="a ready panel from debatebus.engine.presets instead of the demo debate")
     parser.add_argument("--language", choices=sorted(LANGUAGES), default="en",
                         help="language of the shipped prompts (default en)")
     parser.add_argument("--rounds", type=positive_int, default=2, metavar="N",
@@ -72,9 +74,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _build(args: argparse.Namespace) -> Debate:
-    from debatebus.demo import build_debate
-    from debatebus.llm.registry import resolve_llm
-
     llm = resolve_llm(args.llm)
     if args.preset is not None:
         debate = Debate.from_preset(args.preset, llm=llm, max_rounds=args.rounds,

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from debatebus.asyncapi import build_asyncapi
+from debatebus.cli.bus_cmds import load_app
 from debatebus.cli.common import add_broker, broker_url, port, positive_int
 from debatebus.durations import duration_s
 from debatebus.exceptions import ConfigError
@@ -88,9 +90,6 @@ def render_asyncapi(document: dict[str, Any], fmt: str) -> str:
 
 
 async def _asyncapi(args: argparse.Namespace) -> int:
-    from debatebus.asyncapi import build_asyncapi
-    from debatebus.cli.bus_cmds import load_app
-
     if args.app and args.event_type:
         raise ConfigError("give an app or --event-type, not both: the app names its event types")
     source = load_app(args.app) if args.app else args.event_type or "debate:request"

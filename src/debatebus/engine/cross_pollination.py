@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from debatebus.engine.definition import Participant
+from debatebus.engine.definition import CROSS_POLLINATION_ROUNDS, Participant
 from debatebus.engine.outcome import Outcome, SynthesisCall
 from debatebus.engine.phi import compute_phi_hat
 from debatebus.engine.rules import DebateFailure, require_a_survivor
@@ -23,13 +23,13 @@ from debatebus.engine.subdebates import SubDebateSession
 from debatebus.engine.transcript import Round, Turn
 from debatebus.llm.base import Message
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import ZERO_USAGE
+from debatebus.usage import ZERO_USAGE
 
 __all__ = ["ROUNDS", "run_cross_pollination"]
 
-AUDIENCE, POSITION, REVISION = 0, 1, 2
-#: The rounds it always plays, positions then revisions: ``max_rounds`` does not apply.
-ROUNDS = REVISION
+#: The rounds it always plays, positions then revisions (``max_rounds`` does not apply).
+ROUNDS = CROSS_POLLINATION_ROUNDS
+AUDIENCE, POSITION, REVISION = 0, 1, ROUNDS
 
 
 def _committed(run: Run, number: int) -> Round | None:

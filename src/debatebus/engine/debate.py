@@ -7,15 +7,16 @@ import contextlib
 import functools
 import inspect
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import Any
 
 from debatebus.engine.cross_pollination import run_cross_pollination
 from debatebus.engine.definition import DebateSpec
 from debatebus.engine.fingerprint import definition_hash
 from debatebus.engine.outcome import Outcome
 from debatebus.engine.people import PeopleRunner
+from debatebus.engine.presets import preset
 from debatebus.engine.result import DebateResult, Progress, Status
 from debatebus.engine.round_robin import run_round_robin
 from debatebus.engine.rules import DebateFailure
@@ -27,13 +28,22 @@ from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
 from debatebus.schemas import events as ev
 
-if TYPE_CHECKING:
-    from debatebus.handlers.handler import DebateHandler, HandlerOptions
-
-__all__ = ["Debate", "DebateMetrics"]
+__all__ = ["Debate", "DebateMetrics", "HandlerFactory", "serve_debates_with"]
 
 #: What a run without ``deadline_s`` runs within: shared, not a timeout object per run.
 _NO_DEADLINE = contextlib.nullcontext()
+
+#: What ``Debate.as_handler`` calls: ``(debate, **options) -> a bus handler``.
+HandlerFactory = Callable[..., Any]
+#: The factory ``debatebus.handlers`` registers when it is imported (``import debatebus`` imports
+#: it): the handlers build on the engine, so the engine never imports them.
+_handler_factory: list[HandlerFactory] = []
+
+
+def serve_debates_with(factory: HandlerFactory) -> None:
+    """Make ``factory`` what ``Debate.as_handler`` returns a handler from (``debatebus.handlers``
+    registers ``DebateHandler``; a later call replaces it)."""
+    _handler_factory[:] = [factory]
 
 
 
@@ -81,12 +91,9 @@ class Debate(DebateSpec):
     @classmethod
     def from_preset(cls, preset_name: str, /, *, llm: LLM | None = None,
                     **overrides: Any) -> Debate:
-        """A ready panel from ``debatebus.presets`` (e.g. ``"starter_trio"``) on ``llm``;
+        """A ready panel from ``debatebus.engine.presets`` (e.g. ``"starter_trio"``) on ``llm``;
         ``overrides`` are any other ``Debate`` arguments (``name``, ``language``…)."""
-        # Imported here: the presets are built from this class.
-        from debatebus.presets import preset
-
-        return preset(preset_name).debate(llm, **overrides)
+        return cls(**preset(preset_name).arguments(llm, overrides))
 
     def __repr__(self) -> str:
         names = [p.name for p in self.participants]
@@ -197,18 +204,19 @@ class Debate(DebateSpec):
         runner = children or InProcessChildren(self, on_event)
         return run, SubDebateSession(run, self.sub_debates, runner, depth)
 
-    def as_handler(self, **options: Unpack[HandlerOptions]) -> DebateHandler:
-        """This debate as a bus handler (or an async ``handler(payload) -> dict`` to call
-        directly), durable by default. ``options`` are ``DebateHandler``'s, documented there:
-        ``store``, ``durable``, ``lease_ttl_s``, ``store_outage_s``, ``owner``,
-        ``max_input_bytes``, ``drift``, ``presets`` (the ``debatebus.presets`` a request may
-        pick with ``payload.preset``), ``retention_s``, ``input_field``, ``stream_turns`` and
+    def as_handler(self, **options: Any) -> Any:
+        """This debate as a bus handler, a ``debatebus.handlers.DebateHandler`` (or an async
+        ``handler(payload) -> dict`` to call directly), durable by default. ``options`` are
+        ``DebateHandler``'s (``HandlerOptions``), documented there: ``store``, ``durable``,
+        ``lease_ttl_s``, ``store_outage_s``, ``owner``, ``max_input_bytes``, ``drift``,
+        ``presets`` (the ``debatebus.engine.presets`` a request may pick with
+        ``payload.preset``), ``retention_s``, ``input_field``, ``stream_turns`` and
         ``stream_interval_s`` (each turn's text published while it is written:
         docs/streaming.md)."""
-        # Imported here: the handlers build on the engine, not the other way round.
-        from debatebus.handlers.handler import DebateHandler
-
-        return DebateHandler(self, **options)
+        if not _handler_factory:
+            raise ConfigError("no handler factory is registered: import debatebus (or "
+                              "debatebus.handlers), which registers DebateHandler")
+        return _handler_factory[0](self, **options)
 
 
 def _at_depth(on_event: OnEvent, depth: int) -> OnEvent:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from debatebus.engine.subdebates import SubDebates
 
 __all__ = [
+    "CROSS_POLLINATION_ROUNDS",
     "DEFAULT_DEADLINE_S",
     "DEFAULT_WORD_LIMITS",
     "FAILURE_POLICIES",
@@ -48,6 +49,9 @@ __all__ = [
 Protocol = Literal["round-robin", "cross-pollination"]
 FailurePolicy = Literal["degrade", "strict"]
 PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
+#: The rounds cross-pollination always plays, positions then revisions: ``max_rounds`` does not
+#: apply.
+CROSS_POLLINATION_ROUNDS = 2
 FAILURE_POLICIES: tuple[FailurePolicy, ...] = get_args(FailurePolicy)
 DEFAULT_WORD_LIMITS: Mapping[str, Mapping[str, int]] = {
     "round-robin": {},
@@ -387,13 +391,11 @@ def _validate_min_rounds(spec: DebateSpec) -> None:
             f"min_rounds={spec.min_rounds} is over max_rounds={spec.max_rounds}: the stop rule "
             "could never be asked; lower min_rounds or raise max_rounds"
         )
-    # Imported here: the protocol builds on this module.
-    from debatebus.engine.cross_pollination import ROUNDS
-
-    if spec.protocol == "cross-pollination" and spec.min_rounds > ROUNDS:
+    rounds = CROSS_POLLINATION_ROUNDS
+    if spec.protocol == "cross-pollination" and spec.min_rounds > rounds:
         raise ConfigError(
-            f"cross-pollination plays {ROUNDS} rounds (positions, then revisions), so "
-            f"min_rounds={spec.min_rounds} could never be met: pass min_rounds ≤ {ROUNDS}"
+            f"cross-pollination plays {rounds} rounds (positions, then revisions), so "
+            f"min_rounds={spec.min_rounds} could never be met: pass min_rounds ≤ {rounds}"
         )
 
 

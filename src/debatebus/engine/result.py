@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from debatebus.engine.transcript import Round, Transcript, Turn
 from debatebus.exceptions import BudgetLimit
 from debatebus.schemas.cost import DebateCost
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
     from debatebus.engine.people import HumanTurnRecord

@@ -19,7 +19,7 @@ from debatebus.exceptions import BudgetExceededError, LLMResponseError
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.structured import InvalidStructuredOutput, parse_structured
 from debatebus.schemas.cost import DebateCost
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
     from debatebus.engine.subdebates import SubDebateRecord

@@ -31,7 +31,7 @@ from debatebus.engine.transcript import (
 from debatebus.exceptions import LLMError
 from debatebus.llm.base import LLMRequest, Message
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = ["EventTypes", "OnCommit", "OnEvent", "OnText", "Run", "TurnKey", "TurnText"]
 

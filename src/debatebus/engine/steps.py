@@ -26,7 +26,7 @@ from debatebus.engine.transcript import Round, Turn, clean_turn, fit_words, spea
 from debatebus.exceptions import BudgetExceededError, LLMError, SpendLimitError, TransportError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, Message, model_name
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "clean_text",

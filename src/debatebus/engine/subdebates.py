@@ -23,7 +23,7 @@ from debatebus.engine.transcript import Turn
 from debatebus.exceptions import ConfigError
 from debatebus.schemas import events as ev
 from debatebus.schemas.cost import DebateCost
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
     from debatebus.engine.debate import Debate

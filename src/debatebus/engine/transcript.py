@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "NO_TRANSCRIPT",

@@ -33,7 +33,7 @@ from debatebus.handlers.results import result_fields
 from debatebus.llm.base import LLM, LLMRequest, Message, model_name
 from debatebus.pricing import Prices
 from debatebus.redaction import redact
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "DEFAULT_SYSTEM",

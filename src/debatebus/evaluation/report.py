@@ -22,7 +22,7 @@ from debatebus.evaluation.statistics import (
     percentile,
     wilson_interval,
 )
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["COLUMNS", "REPORT_FILES", "ArmSummary", "ItemResult", "Paired", "Report",
            "build_report"]

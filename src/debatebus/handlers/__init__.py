@@ -5,7 +5,6 @@ from debatebus.handlers.contract import (
     BusHandler,
     Handler,
     HandlerContext,
-    HandlerResult,
     PlainHandler,
 )
 from debatebus.handlers.handler import (
@@ -14,6 +13,7 @@ from debatebus.handlers.handler import (
     attach_default_stores,
     no_default_store_warning,
 )
+from debatebus.schemas.result import HandlerResult
 
 __all__ = [
     "BusHandler",

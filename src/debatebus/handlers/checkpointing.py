@@ -9,8 +9,6 @@ before fingerprints existed, was kept under a key this version never reads: ``de
 from __future__ import annotations
 
 import contextlib
-import hashlib
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
@@ -22,14 +20,11 @@ from debatebus.engine.people import HumanTurnRecord, PlayedTurn
 from debatebus.engine.result import Progress
 from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
-from debatebus.exceptions import InputError
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
-    "Ask",
     "CheckpointHeader",
     "ForkBasis",
-    "ForkPoint",
     "StoredResult",
     "committed_items",
     "counters_of",
@@ -40,9 +35,7 @@ __all__ = [
     "encode_header",
     "encode_result",
     "judged",
-    "request_fingerprint",
     "restore_progress",
-    "reused_id",
     "spent_by_speaker",
 ]
 
@@ -52,81 +45,12 @@ _FINGERPRINT_KEY = "debatebusFingerprint"
 _BASIS_KEY = "debatebusForkBasis"
 
 
-@dataclass(frozen=True, slots=True)
-class ForkPoint:
-    """Where a fork starts: the first ``from_round`` committed rounds of debate ``parent_id``."""
-
-    parent_id: str
-    from_round: int
-
-
-def request_fingerprint(question: str, max_rounds: int | None, preset: str | None = None,
-                        depth: int = 0, fork: ForkPoint | None = None) -> str:
-    """What a request asks, hashed: everything a producer can set that changes the debate. The
-    preset counts only when named, the sub-debate depth only above 0 and the fork point only for
-    a fork, so requests without them keep their earlier fingerprints."""
-    asked: dict[str, Any] = {"v": 1, "input": question, "maxRounds": max_rounds}
-    if preset is not None:
-        asked["preset"] = preset
-    if depth:
-        asked["depth"] = depth
-    if fork is not None:
-        asked["fork"] = [fork.parent_id, fork.from_round]
-    return hashlib.sha256(_ENCODER.encode(asked)).hexdigest()[:32]
-
-
 def debate_key(namespace: str, debate_id: str) -> str:
     """Where a debate's checkpoint, result and lease are kept in a store: its debate id within
     ``namespace``, the event type it was asked on (on a bus) or the debate's name (called
     directly). So each hop of a chain owns its debate although requestIds (and echoed debateIds)
     travel along the chain, and a replay of an event type finds that event type's debates."""
     return f"{namespace}/{debate_id}"
-
-
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """One request's question: its input, round cap, debate id, which field named the id, the
-    preset it asked for (None: the handler's own debate), its sub-debate depth (0: a top-level
-    debate), its ``namespace``: the event type it was asked on, or the debate's name when
-    called directly (see ``debate_key``), and, for a fork, where it forked from."""
-
-    question: str
-    max_rounds: int | None
-    debate_id: str
-    id_field: str  # "requestId" or "debateId"
-    request_id: str | None
-    fingerprint: str
-    namespace: str
-    preset: str | None = None
-    depth: int = 0
-    fork: ForkPoint | None = None
-
-    @classmethod
-    def of(cls, question: str, max_rounds: int | None, debate_id: str, id_field: str,
-           request_id: str | None, namespace: str, preset: str | None = None,
-           depth: int = 0, fork: ForkPoint | None = None) -> Ask:
-        return cls(question, max_rounds, debate_id, id_field, request_id,
-                   request_fingerprint(question, max_rounds, preset, depth, fork), namespace,
-                   preset, depth, fork)
-
-    @property
-    def key(self) -> str:
-        """Where its debate is kept in a store."""
-        return debate_key(self.namespace, self.debate_id)
-
-    def matches(self, fingerprint: str | None) -> bool:
-        """Whether a stored record (its fingerprint) answers this question."""
-        return fingerprint == self.fingerprint
-
-
-def reused_id(ask: Ask) -> InputError:
-    return InputError(
-        f"{ask.id_field} {ask.debate_id!r} was already used for a debate with a different input "
-        "(payload.input, maxRounds or preset differ), so its result is not this request's answer: send a "
-        f"new requestId{' without debateId' if ask.id_field == 'debateId' else ''} for a new "
-        'debate, or "replay": "rerun" to run this input afresh. A chain may keep its requestId '
-        f"from hop to hop: each event type keeps its own debates (this one is on {ask.namespace!r})"
-    )
 
 
 class CheckpointHeader(msgspec.Struct, rename="camel", kw_only=True):

@@ -29,8 +29,8 @@ from debatebus.engine.subdebates import ChildOutcome, ChildRequest, ChildRunner,
 from debatebus.handlers.checkpointing import debate_key, decode_result
 from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import new_message_id
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
 from debatebus.transports.base import Transport
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 if TYPE_CHECKING:
     from debatebus.engine.result import Progress

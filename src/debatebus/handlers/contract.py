@@ -16,12 +16,13 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.streaming import OnDelta
+from debatebus.schemas.result import HandlerResult, Status
 from debatebus.transports.base import Delivery, Transport
 
 if TYPE_CHECKING:
@@ -32,15 +33,11 @@ __all__ = [
     "Handle",
     "Handler",
     "HandlerContext",
-    "HandlerResult",
     "PlainHandler",
     "Slot",
     "adapt",
     "current_slot",
 ]
-
-Status = Literal["completed", "failed"]
-
 
 class Slot:
     """One of a worker's ``concurrency`` permits, held by the task handling ``delivery``. Its
@@ -116,16 +113,6 @@ class HandlerContext:
             yield
         finally:
             await slot.take_back()
-
-
-@dataclass(frozen=True, slots=True)
-class HandlerResult:
-    """A handled request: ``completed`` or ``failed``, the fields to publish (the payload merged
-    with the ``debate*`` result fields), and whether they were a stored or shared result."""
-
-    status: Status
-    fields: dict[str, Any] = field(default_factory=dict)
-    replayed: bool = False
 
 
 @runtime_checkable

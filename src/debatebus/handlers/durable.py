@@ -52,7 +52,6 @@ from debatebus.engine.subdebates import SubDebateRecord
 from debatebus.engine.transcript import Round, Turn
 from debatebus.exceptions import CheckpointMissingError, LeaseLostError, TransportError
 from debatebus.handlers.checkpointing import (
-    Ask,
     CheckpointHeader,
     ForkBasis,
     Item,
@@ -64,9 +63,9 @@ from debatebus.handlers.checkpointing import (
     encode_header,
     encode_result,
     restore_progress,
-    reused_id,
 )
 from debatebus.handlers.children import BusChildren
+from debatebus.handlers.inputs import Ask, reused_id
 from debatebus.handlers.leases import LeaseKeeper
 from debatebus.handlers.people import BusPeople
 from debatebus.handlers.results import RESULT_EXPIRED, failure_fields, fork_fields, result_fields

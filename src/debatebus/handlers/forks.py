@@ -27,8 +27,6 @@ from debatebus.engine.run import OnEvent
 from debatebus.engine.transcript import Round
 from debatebus.exceptions import ConfigError
 from debatebus.handlers.checkpointing import (
-    Ask,
-    ForkPoint,
     debate_key,
     decode_header,
     decode_result,
@@ -36,6 +34,7 @@ from debatebus.handlers.checkpointing import (
     restore_progress,
 )
 from debatebus.handlers.durable import DurableRunner
+from debatebus.handlers.inputs import Ask, ForkPoint
 from debatebus.llm.base import LLM
 
 if TYPE_CHECKING:

@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from debatebus.checkpoints import store_for_broker
 from debatebus.checkpoints.base import CheckpointStore, retention_ms
+from debatebus.engine.debate import Debate, serve_debates_with
+from debatebus.engine.presets import PRESETS
 from debatebus.engine.run import OnEvent
 from debatebus.engine.subdebates import InProcessChildren
 from debatebus.exceptions import ConfigError, InputError
-from debatebus.handlers.checkpointing import Ask
 from debatebus.handlers.children import BusChildren
-from debatebus.handlers.contract import HandlerContext, HandlerResult
+from debatebus.handlers.contract import HandlerContext
 from debatebus.handlers.durable import (
     DEFAULT_STORE_OUTAGE_S,
     Drift,
@@ -29,6 +30,7 @@ from debatebus.handlers.durable import (
 )
 from debatebus.handlers.inputs import (
     DEFAULT_MAX_INPUT_BYTES,
+    Ask,
     read_debate_id,
     read_depth,
     read_max_rounds,
@@ -36,13 +38,12 @@ from debatebus.handlers.inputs import (
     read_replay,
 )
 from debatebus.handlers.people import BusPeople
-from debatebus.handlers.results import echo, result_fields
+from debatebus.handlers.results import answer, result_fields
 from debatebus.handlers.streaming import DEFAULT_STREAM_INTERVAL_S, TurnStreams, check_interval
-from debatebus.presets import PRESETS, preset
 from debatebus.schemas.envelope import is_result_topic
+from debatebus.schemas.result import HandlerResult
 
 if TYPE_CHECKING:
-    from debatebus.engine.debate import Debate
     from debatebus.engine.result import DebateResult
 
 __all__ = ["DebateHandler", "HandlerOptions", "attach_default_stores", "no_default_store_warning"]
@@ -53,8 +54,9 @@ Fields = dict[str, Any]
 
 
 class HandlerOptions(TypedDict, total=False):
-    """``DebateHandler``'s keyword arguments, so ``Debate.as_handler(**options)`` is typed by
-    them without repeating their defaults (documented on ``DebateHandler``)."""
+    """``DebateHandler``'s keyword arguments, typed, for code that passes them on
+    (``debate.as_handler(**options)``), without repeating their defaults (documented on
+    ``DebateHandler``)."""
 
     store: CheckpointStore | None
     durable: bool
@@ -112,7 +114,7 @@ class DebateHandler:
     ``debate*`` result fields. Raises ``InputError`` for a malformed payload or a debate id already
     used for another input; never raises for a failed debate (``debateStatus`` says ``"failed"``).
 
-    ``presets`` names the ``debatebus.presets`` a request may pick with ``payload.preset``, each
+    ``presets`` names the ``debatebus.engine.presets`` a request may pick with ``payload.preset``, each
     built on this debate's default llm; a request naming any other is an InputError.
 
     A ``BusHandler``: a bus calls ``handle(payload, ctx)``; a direct call ``handler(payload)``
@@ -271,11 +273,7 @@ class DebateHandler:
             finally:
                 self._flights.end(ask, fields)
         # A stored result says so itself (the durable runner marks it); a shared one is marked here.
-        replayed = shared is not None or fields.get("debateReplayed") is True
-        merged = ({**echo(payload), **fields, "debateReplayed": True} if shared is not None
-                  else {**echo(payload), **fields})
-        failed = fields.get("debateStatus") == "failed"
-        return HandlerResult("failed" if failed else "completed", merged, replayed)
+        return answer(payload, fields, shared=shared is not None)
 
     def _runner_for(self, ask: Ask) -> DurableRunner | None:
         """The durable runner of the debate ``ask`` picks: the handler's own, or its preset's
@@ -347,7 +345,7 @@ def _preset_debates(debate: Debate, names: Iterable[str]) -> dict[str, Debate]:
     if chosen and debate.llm is None:
         raise ConfigError(f"presets={chosen} are built on the default llm of debate "
                           f"{debate.name!r}, which has none: pass llm=… to its Debate")
-    return {name: preset(name).debate(debate.llm) for name in chosen}
+    return {name: Debate.from_preset(name, llm=debate.llm) for name in chosen}
 
 
 def _read_preset(payload: Mapping[str, Any], served: Mapping[str, Debate]) -> str | None:
@@ -398,3 +396,6 @@ def attach_default_stores(
     for handler in wanting.values():
         handler.use_default_store(store)
     return store
+
+
+serve_debates_with(DebateHandler)  # what Debate.as_handler builds (the engine does not import us)

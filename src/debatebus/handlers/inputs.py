@@ -1,22 +1,33 @@
-"""Validation of what producers send: every problem becomes an InputError that says what to fix."""
+"""What producers send: its validation (every problem becomes an InputError that says what to
+fix), and ``Ask``, the identity of one request's question (what it asks, hashed, and where its
+debate is kept)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+
 from debatebus.exceptions import InputError
+from debatebus.handlers.checkpointing import debate_key
 
 __all__ = [
     "DEFAULT_MAX_INPUT_BYTES",
     "MAX_DEPTH_LIMIT",
     "MAX_ROUNDS_LIMIT",
+    "Ask",
+    "ForkPoint",
     "read_debate_id",
     "read_depth",
     "read_max_rounds",
     "read_question",
     "read_replay",
+    "request_fingerprint",
+    "reused_id",
 ]
 
 DEFAULT_MAX_INPUT_BYTES = 64 * 1024
@@ -112,3 +123,75 @@ def read_replay(payload: Mapping[str, Any]) -> str | None:
     if value != "rerun":
         raise InputError(f'payload.replay must be "rerun" (to run afresh), got {value!r}')
     return "rerun"
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPoint:
+    """Where a fork starts: the first ``from_round`` committed rounds of debate ``parent_id``."""
+
+    parent_id: str
+    from_round: int
+
+
+def request_fingerprint(question: str, max_rounds: int | None, preset: str | None = None,
+                        depth: int = 0, fork: ForkPoint | None = None) -> str:
+    """What a request asks, hashed: everything a producer can set that changes the debate. The
+    preset counts only when named, the sub-debate depth only above 0 and the fork point only for
+    a fork, so requests without them keep their earlier fingerprints."""
+    asked: dict[str, Any] = {"v": 1, "input": question, "maxRounds": max_rounds}
+    if preset is not None:
+        asked["preset"] = preset
+    if depth:
+        asked["depth"] = depth
+    if fork is not None:
+        asked["fork"] = [fork.parent_id, fork.from_round]
+    return hashlib.sha256(_ENCODER.encode(asked)).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request's question: its input, round cap, debate id, which field named the id, the
+    preset it asked for (None: the handler's own debate), its sub-debate depth (0: a top-level
+    debate), its ``namespace``: the event type it was asked on, or the debate's name when
+    called directly (see ``debate_key``), and, for a fork, where it forked from."""
+
+    question: str
+    max_rounds: int | None
+    debate_id: str
+    id_field: str  # "requestId" or "debateId"
+    request_id: str | None
+    fingerprint: str
+    namespace: str
+    preset: str | None = None
+    depth: int = 0
+    fork: ForkPoint | None = None
+
+    @classmethod
+    def of(cls, question: str, max_rounds: int | None, debate_id: str, id_field: str,
+           request_id: str | None, namespace: str, preset: str | None = None,
+           depth: int = 0, fork: ForkPoint | None = None) -> Ask:
+        return cls(question, max_rounds, debate_id, id_field, request_id,
+                   request_fingerprint(question, max_rounds, preset, depth, fork), namespace,
+                   preset, depth, fork)
+
+    @property
+    def key(self) -> str:
+        """Where its debate is kept in a store."""
+        return debate_key(self.namespace, self.debate_id)
+
+    def matches(self, fingerprint: str | None) -> bool:
+        """Whether a stored record (its fingerprint) answers this question."""
+        return fingerprint == self.fingerprint
+
+
+def reused_id(ask: Ask) -> InputError:
+    return InputError(
+        f"{ask.id_field} {ask.debate_id!r} was already used for a debate with a different input "
+        "(payload.input, maxRounds or preset differ), so its result is not this request's answer: send a "
+        f"new requestId{' without debateId' if ask.id_field == 'debateId' else ''} for a new "
+        'debate, or "replay": "rerun" to run this input afresh. A chain may keep its requestId '
+        f"from hop to hop: each event type keeps its own debates (this one is on {ask.namespace!r})"
+    )

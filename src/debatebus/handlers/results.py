@@ -1,4 +1,10 @@
-"""The result document a debate handler returns and the worker publishes.
+"""The result document a debate handler returns and the worker publishes: built here only.
+
+``result_fields`` (a debate that ran), ``failure_fields`` (one that could not run) and
+``fork_fields`` are its ``debate*`` fields; ``answer`` merges them with the request's payload into
+the ``HandlerResult`` a handler returns, and ``failure_result`` does the same for a request that
+failed before or instead of a debate (bad input, a result too large for the broker), echoing at
+most ``PAYLOAD_ECHO_LIMIT`` bytes of its payload.
 
 Field names follow Synkro's ``asHandler`` where they overlap (``debateOutput``, ``debateSynthesis``,
 ``debateRounds``, ``debateStatus``, ``debateTokenUsage``) so Synkro consumers can read our results.
@@ -7,7 +13,7 @@ Field names follow Synkro's ``asHandler`` where they overlap (``debateOutput``, 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from pydantic import BaseModel
@@ -15,17 +21,30 @@ from pydantic import BaseModel
 from debatebus.engine.debate import DebateMetrics
 from debatebus.engine.result import DebateResult
 from debatebus.redaction import redact
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.schemas.result import HandlerResult
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
+    "PAYLOAD_ECHO_LIMIT",
     "RESULT_EXPIRED",
     "RESULT_FIELDS",
+    "answer",
     "echo",
     "failure_fields",
+    "failure_result",
     "fork_fields",
     "result_fields",
     "to_builtins",
 ]
+
+#: Failure results echo the request's payload up to this many bytes of JSON; above it they keep
+#: only its small fields and say what was dropped (``debatePayloadTruncated``).
+PAYLOAD_ECHO_LIMIT: Final = 64 * 1024
+#: In a truncated echo: fields kept when their JSON is this small, up to _KEPT_BYTES in all.
+_SMALL_FIELD: Final = 1024
+_KEPT_BYTES: Final = 16 * 1024
+_LISTED_DROPS: Final = 20
+_JSON: Final = msgspec.json.Encoder()
 
 #: Set (true) on the result of a debate that ran again because its stored result had expired
 #: (absent otherwise): the request's debate id had been answered before, longer ago than the
@@ -150,3 +169,46 @@ def failure_fields(debate_id: str, error: str) -> dict[str, Any]:
         "debateReplayed": False,
         "debateRetryable": False,
     }
+
+
+def answer(payload: Mapping[str, Any], fields: Mapping[str, Any], *,
+           shared: bool = False) -> HandlerResult:
+    """The result answering a request (``payload``) with a debate's ``fields``: the payload
+    echoed, then the fields. ``shared``: the fields are another call's, for a copy of the same
+    request (marked ``debateReplayed``, as a stored result marks itself)."""
+    merged = {**echo(payload), **fields, "debateReplayed": True} if shared else {
+        **echo(payload), **fields}
+    replayed = shared or fields.get("debateReplayed") is True
+    failed = fields.get("debateStatus") == "failed"
+    return HandlerResult("failed" if failed else "completed", merged, replayed)
+
+
+def failure_result(payload: Mapping[str, Any], request_id: str, error: str, *,
+                   echo_limit: int = PAYLOAD_ECHO_LIMIT) -> HandlerResult:
+    """A request that failed before or instead of a debate: its payload echoed (up to
+    ``echo_limit`` bytes of JSON) with the failure fields."""
+    echoed = _echo(payload, echo_limit)
+    debate_id = echoed.get("debateId")  # not when it was too big to echo
+    return HandlerResult("failed", {
+        **echoed, **failure_fields(debate_id if isinstance(debate_id, str) else request_id, error)})
+
+
+def _echo(payload: Mapping[str, Any], limit: int) -> dict[str, Any]:
+    """``payload`` (its ``echo``) when its JSON fits in ``limit`` bytes; else its small fields and
+    ``debatePayloadTruncated``: the payload's size, the limit, and the fields dropped."""
+    size = len(_JSON.encode(payload))
+    if size <= limit:
+        return echo(payload)
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    budget = min(_KEPT_BYTES, limit // 4)
+    for name, value in echo(payload).items():
+        cost = len(name) + len(_JSON.encode(value))
+        if cost <= _SMALL_FIELD and cost <= budget:
+            kept[name] = value
+            budget -= cost
+        else:
+            dropped.append(name)
+    listed = [name[:64] for name in dropped[:_LISTED_DROPS]]
+    return {**kept, "debatePayloadTruncated": {
+        "bytes": size, "limit": limit, "dropped": listed, "droppedCount": len(dropped)}}

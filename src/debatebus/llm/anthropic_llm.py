@@ -47,7 +47,7 @@ from debatebus.llm.retry import (
 )
 from debatebus.llm.structured import Completion
 from debatebus.redaction import redact
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["AnthropicLLM", "map_anthropic_error", "min_cacheable_tokens"]
 

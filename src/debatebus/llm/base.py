@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel
 
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["LLM", "LLMRequest", "LLMResponse", "LLMStream", "Message", "Piece", "model_name",
            "streamed_whole"]

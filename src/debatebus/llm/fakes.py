@@ -21,7 +21,7 @@ from debatebus.exceptions import ConfigError, LLMResponseError, ScriptExhaustedE
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece
 from debatebus.llm.retry import Redactor
 from debatebus.llm.structured import extract_json_object
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["FunctionLLM", "ScriptedLLM", "word_pieces", "word_usage"]
 

@@ -36,7 +36,7 @@ from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece
 from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
 from debatebus.loops import PerLoop
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["MODEL_PACKAGE", "LocalLLM", "PromptStats", "default_model_path"]
 

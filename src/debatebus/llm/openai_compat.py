@@ -45,6 +45,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from pydantic import BaseModel, ValidationError
 
 from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
+from debatebus.llm import is_paid_url
 from debatebus.llm.base import LLMRequest
 from debatebus.llm.provider import (
     DETAIL_LIMIT,
@@ -60,11 +61,10 @@ from debatebus.llm.retry import (
     RetryPolicy,
     map_sdk_error,
 )
-from debatebus.llm.settings import is_paid_url
 from debatebus.llm.sse import EventSource
 from debatebus.llm.structured import Completion, with_json_instructions
 from debatebus.redaction import redact
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["OpenAICompatibleLLM", "map_openai_error", "prompt_cache_key", "strict_json_schema"]
 

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import msgspec
 
 from debatebus.exceptions import LLMError, LLMTimeoutError
+from debatebus.llm import check_model_requests_allowed, is_paid_url
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece
 from debatebus.llm.retry import (
     Classifier,
@@ -37,11 +38,10 @@ from debatebus.llm.retry import (
     call_with_retries,
     failure_for_status,
 )
-from debatebus.llm.settings import check_model_requests_allowed, is_paid_url
 from debatebus.llm.sse import EventSource, HTTPStatusError, open_events, proxied
 from debatebus.llm.structured import Completion, complete_structured, with_json_instructions
 from debatebus.redaction import redact, url_secrets
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "SDKStream", "StreamReader",
            "api_key_or_placeholder", "key_hint"]

@@ -7,8 +7,8 @@ so that every caller sharing the limiter pauses for that long.
 
 Limiters: ``MemoryRateLimiter`` counts for one process; ``RedisRateLimiter``
 (``debatebus.llm.ratelimit_redis``) keeps one token bucket in Redis, shared by every worker that
-uses the same Redis and limit name. ``with_rate_limits`` builds either from a ``RateLimit`` table
-such as ``$DEBATEBUS_RATE_LIMITS``.
+uses the same Redis and limit name. ``debatebus.llm.rate_limits.with_rate_limits`` builds either
+from a ``RateLimit`` table such as ``$DEBATEBUS_RATE_LIMITS``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -30,7 +29,7 @@ from debatebus.exceptions import ConfigError, LLMError, TransportError
 from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Piece, model_name
 from debatebus.llm.retry import reporting_rate_limits
 from debatebus.loops import PerLoop
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = [
     "ENV_VAR",
@@ -43,7 +42,6 @@ __all__ = [
     "WaitObserver",
     "estimate_tokens",
     "parse_rate_limits",
-    "with_rate_limits",
 ]
 
 log = logging.getLogger("debatebus.llm.ratelimit")
@@ -430,27 +428,3 @@ def parse_rate_limits(text: str) -> dict[str, RateLimit]:
             raise ConfigError(f"rate limit {entry!r}: write MODEL=rpm:N,tpm:N,concurrent:N")
         limits[name.strip()] = _limit_from(name.strip(), body)
     return limits
-
-
-def with_rate_limits(llm: LLM, limits: Mapping[str, RateLimit] | str | None = None, *,
-                     redis_url: str | None = None, prefix: str = "debatebus",
-                     on_wait: WaitObserver | None = None) -> LLM:
-    """``llm`` behind the limit for its model name (else ``*``), or ``llm`` itself when none
-    applies. ``limits`` defaults to ``$DEBATEBUS_RATE_LIMITS``. With ``redis_url`` the limit is
-    shared through Redis by every worker on it; without, it holds for this process only (and for
-    this one returned LLM: wrap each model once and share the result)."""
-    if limits is None:
-        limits = os.environ.get(ENV_VAR, "")
-    table = parse_rate_limits(limits) if isinstance(limits, str) else limits
-    name = model_name(llm)
-    limit = table.get(name) or table.get("*")
-    if limit is None:
-        return llm
-    limiter: RateLimiter
-    if redis_url:
-        from debatebus.llm.ratelimit_redis import RedisRateLimiter
-
-        limiter = RedisRateLimiter(redis_url, name, limit, prefix=prefix, on_wait=on_wait)
-    else:
-        limiter = MemoryRateLimiter(name, limit, on_wait=on_wait)
-    return RateLimitedLLM(llm, limiter)

@@ -30,7 +30,7 @@ from debatebus.exceptions import ConfigError, LLMError, SpendLimitError, Transpo
 from debatebus.llm.base import LLM, LLMRequest, model_name
 from debatebus.llm.ratelimit import LimitedCall, LimitedLLM
 from debatebus.pricing import Price, Prices
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = ["MemorySpendLimiter", "SpendLimit", "SpendLimitedLLM", "SpendLimiter", "Window"]
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from debatebus.exceptions import LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest, LLMResponse, Message
-from debatebus.schemas.usage import TokenUsage
+from debatebus.usage import TokenUsage
 
 __all__ = [
     "Completion",

@@ -1,7 +1,7 @@
-"""Watching a worker from the outside: Prometheus metrics, OpenTelemetry traces, structured logs
-and heartbeats.
+"""Watching a worker from the outside: the ``Observer`` hooks (``observer``), Prometheus metrics,
+OpenTelemetry traces, structured logs and heartbeats.
 
-Each piece is an optional extra, so names are imported on first use: ``import
+Each piece but the hooks is an optional extra, so its names are imported on first use: ``import
 debatebus.observability`` works without prometheus-client or OpenTelemetry installed, and only the
 piece you touch needs its dependency.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
+
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 
 if TYPE_CHECKING:
     from debatebus.observability.heartbeat import (
@@ -24,7 +26,10 @@ if TYPE_CHECKING:
 __all__ = [
     "HEARTBEAT_TOPIC",
     "LoggingObserver",
+    "Observer",
     "PrometheusObserver",
+    "RequestContext",
+    "Settlement",
     "TracingObserver",
     "beat_forever",
     "configure_logging",

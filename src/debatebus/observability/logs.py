@@ -15,16 +15,14 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
-from typing import IO, TYPE_CHECKING, Any, Final, Literal
+from typing import IO, Any, Final, Literal
 
 from debatebus.exceptions import ConfigError
 from debatebus.observability._events import call_round
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.redaction import redact
 from debatebus.schemas import events as ev
-
-if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
+from debatebus.schemas.result import HandlerResult
 
 __all__ = [
     "ContextFilter",
@@ -236,7 +234,7 @@ class LoggingObserver(Observer):
                    event.kind, event.speaker, where, event.model or "model?",
                    event.duration_ms, event.usage.total_tokens, text)
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         fields = result.fields if result is not None else None
         if fields is not None and isinstance(fields.get("debateId"), str):
@@ -247,7 +245,7 @@ class LoggingObserver(Observer):
                    outcome=outcome, durationS=round(duration_s, 3), deliveries=ctx.deliveries)
         _CURRENT.set(None)
 
-    def _summary(self, ctx: RequestContext, outcome: Outcome,
+    def _summary(self, ctx: RequestContext, outcome: Settlement,
                  result: Mapping[str, Any] | None) -> str:
         if outcome == "dead_lettered":
             return f": moved to {ctx.dead_letter_topic}"

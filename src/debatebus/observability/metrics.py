@@ -15,7 +15,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -36,11 +36,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 
 from debatebus.access import TOKEN_QUERY, Access, is_loopback, warn_if_exposed
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, model_of
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas import events as ev
-
-if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
+from debatebus.schemas.result import HandlerResult
 
 __all__ = ["DEFAULT_METRICS_HOST", "METRICS_TOKEN_ENV", "MetricsServer", "PrometheusObserver",
            "start_metrics_server"]
@@ -167,7 +165,7 @@ class PrometheusObserver(Observer):
             event.usage.cache_write_tokens)
         self.llm_call_duration.labels(model, purpose).observe(event.duration_ms / 1000.0)
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         self.in_flight.labels(ctx.event_type).dec()
         counter = self._by_outcome.get(outcome)

@@ -20,16 +20,14 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from debatebus.observability._events import CALL_PURPOSES, CallEvent, call_round
 from debatebus.observability.logs import redact
-from debatebus.observe import Observer, Outcome, RequestContext
+from debatebus.observability.observer import Observer, RequestContext, Settlement
 from debatebus.schemas import events as ev
-from debatebus.schemas.usage import TokenUsage
-
-if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
+from debatebus.schemas.result import HandlerResult
+from debatebus.usage import TokenUsage
 
 try:
     from opentelemetry import trace
@@ -115,7 +113,7 @@ class TracingObserver(Observer):
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self._debate_span(ctx)))
         return carrier
 
-    def request_finished(self, ctx: RequestContext, outcome: Outcome,
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
                          result: HandlerResult | None, duration_s: float) -> None:
         if self._tracer is None:
             return

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from debatebus.schemas.cost import DebateCost
-from debatebus.schemas.usage import ZERO_USAGE, TokenUsage
+from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "BUS_EVENT_DECODER",

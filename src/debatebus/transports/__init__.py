@@ -1,4 +1,7 @@
-"""Transports: one interface (``Transport``) and small implementations, chosen by broker URL."""
+"""Transports: one interface (``Transport``) and small implementations, chosen by broker URL.
+
+The Redis and Kafka transports are imported only when their URL is given: redis-py and aiokafka
+are optional extras (``debatebus[redis]``, ``debatebus[kafka]``)."""
 
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final
 
 from debatebus.schemas.envelope import ENVELOPE_ENCODER, Envelope
+from debatebus.schemas.result import HandlerResult
 
 if TYPE_CHECKING:
-    from debatebus.handlers.contract import HandlerResult
     from debatebus.transports.base import Delivery
 
 __all__ = ["DEBATEBUS_WIRE", "WireDialect"]

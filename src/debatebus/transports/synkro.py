@@ -49,10 +49,10 @@ import msgspec
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.loops import retrieved
 from debatebus.schemas.envelope import ENVELOPE_ENCODER, Envelope, failed_topic, now_iso
+from debatebus.schemas.result import HandlerResult
 from debatebus.transports.dialect import WireDialect
 
 if TYPE_CHECKING:  # the redis modules too: a worker importing step_channel needs no redis client
-    from debatebus.handlers.contract import HandlerResult
     from debatebus.transports.base import Delivery, Outgoing
     from debatebus.transports.redis_cluster import Batcher
     from debatebus.transports.redis_common import Command

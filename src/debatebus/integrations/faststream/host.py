@@ -1,22 +1,23 @@
 """Serving one request the way a ``DebateBus`` worker settles it, over a FastStream broker.
 
-The rules are ``debatebus.settler``'s (``bad_input``, ``failure_result``, ``result_message``):
-the result envelope goes on ``event:{type}:completed`` / ``…:failed``; bad input becomes a
-``:failed`` event when its request id can be read and a dead letter when it cannot. A ``Wire``
-says how a framework publishes those two kinds of message.
+The flow is ``debatebus.settler``'s (``Flow``): the result envelope goes on
+``event:{type}:completed`` / ``…:failed``; bad input becomes a ``:failed`` event when its request
+id can be read and a dead letter when it cannot. A ``Wire`` says how a framework publishes those
+two kinds of message. The framework owns delivery counts, size limits and redelivery: the flow
+runs without the worker's limits, and raises every error but bad input to the framework.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from faststream.message import StreamMessage
 
-from debatebus.exceptions import InputError
-from debatebus.handlers.contract import Handle, HandlerContext, HandlerResult
-from debatebus.schemas.envelope import Envelope, decode_request
-from debatebus.settler import bad_input, failure_result, result_message
+from debatebus.handlers.contract import Handle, HandlerContext
+from debatebus.observability.observer import RequestContext
+from debatebus.schemas.envelope import Envelope
+from debatebus.settler import Flow
 from debatebus.transports.base import Delivery, Outgoing
 
 __all__ = ["Host", "Wire", "raw_body"]
@@ -31,6 +32,24 @@ class Wire(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class _WireOutlet:
+    """A ``Wire`` as the flow's ``Outlet``."""
+
+    wire: Wire
+
+    async def answer(self, delivery: Delivery, message: Outgoing) -> None:
+        await self.wire.answer(message)
+
+    async def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        await self.wire.dead_letter(delivery, reason)
+
+
+def _context(request: Envelope, delivery: Delivery, ctx: RequestContext | None) -> HandlerContext:
+    """A hosted handler's context: no event sink, and no transport of debatebus's to publish on."""
+    return HandlerContext(request.request_id, None, delivery)
+
+
+@dataclass(frozen=True, slots=True)
 class Host:
     """One mounted handler: ``serve`` answers a delivery once (the framework's redelivery may
     answer it again: the copy has the same ``messageId``), or dead-letters it. An
@@ -39,26 +58,13 @@ class Host:
 
     handle: Handle
     wire: Wire
+    _flow: Flow = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_flow", Flow(_WireOutlet(self.wire), _context))
 
     async def serve(self, delivery: Delivery) -> None:
-        try:
-            request = decode_request(delivery.body)
-        except InputError as exc:
-            answer = bad_input(delivery.body, delivery.topic, str(exc))
-            if answer is None:
-                await self.wire.dead_letter(delivery, str(exc))
-                return
-            request, result = answer
-        else:
-            result = await self._result(request, delivery)
-        await self.wire.answer(result_message(request, delivery.topic, result, request.headers))
-
-    async def _result(self, request: Envelope, delivery: Delivery) -> HandlerResult:
-        try:
-            return await self.handle(request.payload,
-                                     HandlerContext(request.request_id, None, delivery))
-        except InputError as exc:
-            return failure_result(request.payload, request.request_id, str(exc))
+        await self._flow.settle(delivery, self.handle, None)
 
 
 async def raw_body(message: StreamMessage[Any]) -> Any:

@@ -33,8 +33,17 @@ from debatebus.transports.kafka.names import (
 )
 from debatebus.transports.kafka.offsets import Partition
 
-__all__ = ["RawHeaders", "Record", "Settler", "Token", "dead_letter", "size_of",
-           "to_delivery", "to_record", "token_of"]
+__all__ = [
+    "DeliveryOwner",
+    "RawHeaders",
+    "Record",
+    "Token",
+    "dead_letter",
+    "size_of",
+    "to_delivery",
+    "to_record",
+    "token_of",
+]
 
 RawHeaders = tuple[tuple[str, bytes], ...]
 
@@ -46,7 +55,7 @@ class Record(NamedTuple):
     headers: RawHeaders
 
 
-class Settler(Protocol):
+class DeliveryOwner(Protocol):
     """The consumer-group member a delivery came from (``group.Member``): what settling it, handing
     it out again, or lending its slot out, takes."""
 
@@ -70,7 +79,7 @@ class Token:
     offset: int
     raw_key: bytes | None
     raw_headers: RawHeaders
-    member: Settler | None = None  # None: from subscribe/read_range, nothing to settle
+    member: DeliveryOwner | None = None  # None: from subscribe/read_range, nothing to settle
     partition: Partition | None = None
 
 
@@ -85,7 +94,7 @@ def to_record(message: Outgoing) -> Record:
     return Record(kafka_topic(message.topic), message.body, key, _encode_headers(headers))
 
 
-def to_delivery(record: Any, event_type: str, member: Settler | None = None,
+def to_delivery(record: Any, event_type: str, member: DeliveryOwner | None = None,
              partition: Partition | None = None) -> Delivery:
     """A first delivery of ``record``: the member counts the ones after it."""
     raw: RawHeaders = tuple((k, v or b"") for k, v in record.headers or ()

@@ -1,4 +1,4 @@
-"""Token accounting value shared by the LLM layer, the engine and the wire."""
+"""Token accounting: the value the LLM layer, the engine, the errors and the wire share."""
 
 from __future__ import annotations
 
