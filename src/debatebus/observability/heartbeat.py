@@ -50,7 +50,7 @@ from debatebus.transports.base import (
 )
 
 if TYPE_CHECKING:
-    from debatebus.transports.redis_common import RedisClient
+    from debatebus.redis import RedisClient
 
 __all__ = [
     "HEARTBEAT_TOPIC",
@@ -212,7 +212,7 @@ async def _bounded(deadline: float, work: Callable[[], Awaitable[Beat | None]],
 
 async def _redis_latest(url: str, group: str, consumer: str | None,
                         deadline: float) -> Beat | None:
-    from debatebus.transports.redis_common import build_client, describe, map_redis_errors
+    from debatebus.redis import build_client, describe, map_redis_errors
 
     left = deadline - asyncio.get_running_loop().time()
     client = build_client(url, connect_timeout=max(0.1, min(5.0, left)))

@@ -10,24 +10,22 @@ from typing import Any
 
 import msgspec
 
+from debatebus.redis import Script
 from debatebus.transports.base import (
     DELIVERIES_HEADER,
+    NO_HEADERS,
     ORIGIN_HEADER,
     ORIGIN_ID_HEADER,
     REASON_HEADER,
     Delivery,
 )
-from debatebus.transports.redis_common import NO_HEADERS, script_sha
 
 __all__ = [
-    "DELIVERIES_HEADER",
     "DLQ_FIELDS",
     "ENVELOPE",
     "HEADERS",
     "KEY",
-    "ORIGIN_ID_HEADER",
     "SETTLE",
-    "SETTLE_SHA",
     "body_of",
     "entry_to_delivery",
     "headers_of",
@@ -51,7 +49,7 @@ DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
 # then per output stream: the number of field/value arguments, those arguments.
 # Redis Cluster: a script's keys must share one hash slot, so a request stream, its result streams
 # and its dead-letter stream must be hash-tagged alike there.
-SETTLE = """
+SETTLE = Script("""
 local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(pending) == 'table' and pending['err'] then
   if string.find(pending['err'], 'NOGROUP', 1, true) then return -1 end
@@ -79,8 +77,7 @@ for i = 2, #KEYS do
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return 1
-"""
-SETTLE_SHA = script_sha(SETTLE)
+""")
 
 _encode_headers = msgspec.json.Encoder().encode
 _decode_headers = msgspec.json.Decoder(dict[str, str]).decode

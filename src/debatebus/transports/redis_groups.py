@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.redis import Command, RedisClient, by_slot, redis_call
+from debatebus.transports._redis_reads import ReadTracker, SlotReads, log
 from debatebus.transports.base import RECOVERED_HEADER, Delivery
-from debatebus.transports.redis_cluster import SlotReads, by_slot
-from debatebus.transports.redis_common import Command, ReadTracker, RedisClient, log, redis_call
 from debatebus.transports.redis_entries import entry_to_delivery, stream_entries
 
 __all__ = ["NOT_CONNECTED", "ConsumerGroups", "Seat", "StreamsLink", "seat_of"]
@@ -36,7 +36,7 @@ class StreamsLink:
     timeout: float  # bounds every call; blocking reads get their block on top
     block_ms: int
     cluster: bool
-    #: A topic's stream key (one rule for every command: ``redis_cluster.cluster_key``).
+    #: A topic's stream key (one rule for every command: ``debatebus.redis.stream_key_rule``).
     key: Callable[[str], str]
     client: RedisClient | None = None
     closed: bool = False

@@ -53,30 +53,29 @@ from redis.asyncio.client import PubSub
 
 from debatebus.backoff import redelivery_delay
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.retention import (
-    DEFAULT_RETENTION_S,
-    TOPIC_RETENTION_PARAM,
-    retention_ms,
-    take_retention,
-)
-from debatebus.transports.base import Delivery, Outgoing, Transport, heartbeat_key
-from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
-from debatebus.transports.redis_cluster import Batcher, make_batcher
-from debatebus.transports.redis_common import (
-    NO_HEADERS,
-    ReadTracker,
+from debatebus.redis import (
+    Batcher,
     RedisClient,
+    Script,
     build_client,
     check_client,
     cluster_url,
     connect_check,
     describe,
     is_cluster,
-    log,
-    merge,
+    make_batcher,
     redis_call,
     seed_names,
 )
+from debatebus.retention import (
+    DEFAULT_RETENTION_S,
+    TOPIC_RETENTION_PARAM,
+    retention_ms,
+    take_retention,
+)
+from debatebus.transports._redis_reads import ReadTracker, log, merge
+from debatebus.transports.base import NO_HEADERS, Delivery, Outgoing, Transport, heartbeat_key
+from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import SYNKRO_DEFAULTS, SynkroDialect, SynkroSettings
 
@@ -126,6 +125,8 @@ class RedisPubSubTransport(Transport):
         self._requeued: dict[tuple[str, ...], deque[Delivery]] = {}
         self._closed = False
         self._db_told = False
+        #: The beat last written for each (group, consumer): what a last beat takes back.
+        self._beats: dict[tuple[str, str], bytes] = {}
         cluster = is_cluster(client) if client is not None else cluster_url(url)
         self._synkro = (SynkroDialect(synkro, lambda: self._parts()[1], cluster=cluster)
                         if synkro is not None else None)
@@ -187,21 +188,20 @@ class RedisPubSubTransport(Transport):
         """Pub/sub keeps no messages: the keys ``heartbeat_key(group)`` (the group's newest beat)
         and ``heartbeat_key(group, consumer)`` (this consumer's, for ``check --consumer``), SET
         with an expiry that outlives ``debatebus check``'s window by far (a dead worker reads as
-        stale, not absent). A last beat deletes this consumer's key, and the group's if it holds
-        this consumer's beat (another worker's stays)."""
-        client, _, _ = self._parts()
+        stale, not absent). A last beat deletes this consumer's key, and the group's if it still
+        holds the beat this transport last wrote for this consumer (another worker's stays)."""
+        _, batcher, _ = self._parts()
         key, own = heartbeat_key(group), heartbeat_key(group, consumer)
-        async with redis_call(self._where, self._timeout):
-            if not last:
-                expiry = max(60, int(interval_s * 10))
-                pipe = client.pipeline(transaction=False)
-                pipe.set(key, beat, ex=expiry)
-                pipe.set(own, beat, ex=expiry)
-                await pipe.execute()
-                return
-            await client.delete(own)
+        if not last:
+            expiry = max(60, int(interval_s * 10))
+            await batcher.submit([("SET", key, beat, "EX", expiry), ("SET", own, beat, "EX", expiry)])
+            self._beats[group, consumer] = beat
+            return
+        await batcher.submit([("DEL", own)])
+        written = self._beats.pop((group, consumer), None)
+        if written is not None:
             # In one step: a GET then a DEL could delete a beat another worker wrote in between.
-            await client.eval(_DELETE_OWN_BEAT, 1, key, consumer)
+            await _DELETE_IF_UNCHANGED.run(batcher, [key], [written])
 
     def _parts(self) -> tuple[RedisClient, Batcher, RedisStreamsTransport]:
         if self._client is None or self._batcher is None or self._dead is None or self._closed:
@@ -348,16 +348,11 @@ class _Liveness:
             self._pinged = now
 
 
-#: Deletes the group's newest beat (KEYS[1]) only if it is consumer ARGV[1]'s.
-_DELETE_OWN_BEAT = """
-local beat = redis.call('GET', KEYS[1])
-if not beat then return 0 end
-local ok, decoded = pcall(cjson.decode, beat)
-if ok and type(decoded) == 'table' and decoded['consumer'] == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
+#: Deletes the group's newest beat (KEYS[1]) only if it is still ARGV[1], byte for byte.
+_DELETE_IF_UNCHANGED = Script("""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
+""")
 
 
 async def _quietly_close(pubsub: PubSub) -> None:

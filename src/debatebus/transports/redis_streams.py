@@ -31,7 +31,7 @@ Wire format (what any client in any language reads and writes):
   ``x-debatebus-deliveries``.
 
 Throughput: acks, rejects and publishes issued in the same event-loop tick share one pipeline
-(``CommandBatcher``, one ``EVALSHA`` per ack), and each ``XREADGROUP`` fetches ``prefetch``
+(``debatebus.redis``' batcher, one ``EVALSHA`` per ack), and each ``XREADGROUP`` fetches ``prefetch``
 entries at once.
 
 Outages: every call is bounded by ``command_timeout`` (blocking reads by ``block_ms`` more) and
@@ -43,7 +43,7 @@ RESP2 and RESP3 (``?protocol=3``) clients both work: replies are read in either 
 
 Redis Cluster (``?cluster=true``): a topic's stream is ``cluster_key(topic)``, its family as hash
 tag (``debate:request`` → ``{debate:request}``), so the settle script's streams share one slot;
-see ``redis_cluster``. A ``consume`` over topics of several slots reads each slot on its own.
+see ``debatebus.redis.cluster_key``. A ``consume`` over topics of several slots reads each slot on its own.
 So ``ack`` publishes results only to topics of the request's family (``event:{type}:completed``
 and the like): others are refused with a ``ConfigError``, the entry left held.
 
@@ -61,18 +61,31 @@ from typing import Any, Final
 from redis import exceptions as redis_errors
 
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.loops import SharedCall
+from debatebus.redis import (
+    Batcher,
+    RedisClient,
+    build_client,
+    by_slot,
+    check_client,
+    check_one_slot,
+    cluster_url,
+    connect_check,
+    describe,
+    is_cluster,
+    make_batcher,
+    seed_names,
+    stream_key_rule,
+)
 from debatebus.retention import (
     DEFAULT_RETENTION_S,
     TOPIC_RETENTION_PARAM,
     retention_ms,
     take_retention,
 )
+from debatebus.transports._redis_reads import log, merge
 from debatebus.transports.base import (
     HEARTBEAT_STREAM_MAXLEN,
     HEARTBEAT_TOPIC,
-    ORIGIN_HEADER,
-    REASON_HEADER,
     RECOVERED_HEADER,
     Delivery,
     Outgoing,
@@ -80,32 +93,9 @@ from debatebus.transports.base import (
     dlq_topic,
     refuse_partitions,
 )
-from debatebus.transports.redis_cluster import (
-    Batcher,
-    by_slot,
-    check_one_slot,
-    evalsha,
-    make_batcher,
-    stream_key_rule,
-)
-from debatebus.transports.redis_common import (
-    RedisClient,
-    build_client,
-    check_client,
-    cluster_url,
-    connect_check,
-    describe,
-    is_cluster,
-    log,
-    merge,
-    seed_names,
-)
 from debatebus.transports.redis_entries import (
-    DELIVERIES_HEADER,
     ENVELOPE,
-    ORIGIN_ID_HEADER,
     SETTLE,
-    SETTLE_SHA,
     entry_to_delivery,
     message_fields,
     stream_entries,
@@ -113,10 +103,6 @@ from debatebus.transports.redis_entries import (
 from debatebus.transports.redis_groups import NOT_CONNECTED, ConsumerGroups, StreamsLink, seat_of
 
 __all__ = [
-    "DELIVERIES_HEADER",
-    "ORIGIN_HEADER",
-    "ORIGIN_ID_HEADER",
-    "REASON_HEADER",
     "RETENTION_CLAIM_FACTOR",
     "RedisStreamsTransport",
     "entry_to_delivery",
@@ -185,7 +171,6 @@ class RedisStreamsTransport(Transport):
                                       submit=lambda commands: self._submit_to().submit(commands),
                                       trim=self._trim, trim_every_s=_trim_every_s(self._keep_ms))
         self._batcher: Batcher | None = None
-        self._load_settle = SharedCall(self._load_settle_script)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -283,8 +268,7 @@ class RedisStreamsTransport(Transport):
         args: list[Any] = [seat.group, delivery.id, self._min_id()]
         for _, fields in outputs:
             args += (len(fields), *fields)
-        command = ("EVALSHA", SETTLE_SHA, len(keys), *keys, *args)
-        settled = await evalsha(self._submit_to(), command, self._load_settle)
+        settled = await SETTLE.run(self._submit_to(), keys, args)
         if settled == -1:
             await self._submit_to().submit([self._xadd(topic, fields) for topic, fields in
                                             outputs_for({RECOVERED_HEADER: "request-lost"})])
@@ -302,10 +286,6 @@ class RedisStreamsTransport(Transport):
                 "restart without its data, or was the stream trimmed while it ran?): its answer "
                 "is published anyway, marked %s; nobody else can answer it",
                 entry_id, topic, RECOVERED_HEADER)
-
-    async def _load_settle_script(self) -> None:
-        async with self._link.call():
-            await self._link.redis().script_load(SETTLE)
 
     def _dead_letter_fields(self, delivery: Delivery, reason: str,
                             marks: Mapping[str, str] | None = None) -> list[Any]:
