@@ -31,7 +31,7 @@ from typing import Any, Final
 
 import msgspec
 
-from debatebus.backoff import Backoff
+from debatebus.backoff import BROKER_BASE_S, BROKER_CAP_S, Backoff
 from debatebus.client import Answers
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
@@ -52,8 +52,8 @@ from debatebus.schemas.events import DebateEvent
 from debatebus.transports import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
-__all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "EVENT_ENCODER", "PAYLOAD_ECHO_LIMIT", "Route",
-           "Settler", "bad_input", "failure_result", "result_message"]
+__all__ = ["EVENT_ENCODER", "PAYLOAD_ECHO_LIMIT", "Route", "Settler", "bad_input", "failure_result",
+           "result_message"]
 
 log = logging.getLogger("debatebus.worker")
 
@@ -61,9 +61,6 @@ EVENT_ENCODER = msgspec.json.Encoder()
 #: Failure events echo the request's payload up to this many bytes of JSON; above it they keep
 #: only its small fields and say what was dropped (``debatePayloadTruncated``).
 PAYLOAD_ECHO_LIMIT: Final = 64 * 1024
-#: Reconnect and settle retries wait uniformly in [0, min(cap, base × 2ⁿ)] (full jitter).
-BACKOFF_BASE_S: Final = 0.1
-BACKOFF_CAP_S: Final = 5.0
 #: In a truncated echo: fields kept when their JSON is this small, up to _KEPT_BYTES in all.
 _SMALL_FIELD: Final = 1024
 _KEPT_BYTES: Final = 16 * 1024
@@ -240,7 +237,7 @@ class Settler:
         the delivery stays in flight (and the transport keeps it alive). Only the drain timeout
         ends the retries (cancelled: ``process`` releases the delivery).
         ``MessageTooLargeError`` is raised: retrying cannot help it."""
-        backoff, failures = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S), 0
+        backoff, failures = Backoff(BROKER_BASE_S, BROKER_CAP_S), 0
         try:
             while True:
                 try:

@@ -29,6 +29,7 @@ from debatebus.redis import (
     split_cluster,
     split_seeds,
 )
+from debatebus.redis._topology import ClusterMap
 from debatebus.schemas.envelope import completed_topic
 from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic

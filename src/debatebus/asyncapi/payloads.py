@@ -18,7 +18,7 @@ from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import Envelope
 from debatebus.schemas.events import EVENT_TYPES, DebateEvent
 from debatebus.schemas.usage import TokenUsage
-from debatebus.transports.kafka.names import (
+from debatebus.transports.base import (
     DELIVERIES_HEADER,
     ORIGIN_HEADER,
     ORIGIN_OFFSET_HEADER,

@@ -26,7 +26,6 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TextIO
-from urllib.parse import urlsplit
 
 from debatebus.cli.common import broker_url, load_attribute, positive_int
 from debatebus.client import BusClient
@@ -56,6 +55,7 @@ from debatebus.exceptions import ConfigError
 from debatebus.llm.base import LLM
 from debatebus.presets import PRESETS
 from debatebus.redaction import redact
+from debatebus.transports import redis_server_url
 
 __all__ = ["ITEMS_FILE", "ProgressBar", "add_parser", "run"]
 
@@ -164,8 +164,12 @@ class _Model:
             from debatebus.llm.registry import resolve_llm
 
             self._llm = with_rate_limits(resolve_llm(self.spec),
-                                         redis_url=_redis_of(self.broker))
+                                         redis_url=self._redis())
         return self._llm
+
+    def _redis(self) -> str | None:
+        """The shared rate limits' Redis: the broker's, when it is Redis."""
+        return None if self.broker is None else redis_server_url(self.broker)
 
     @property
     def used(self) -> bool:
@@ -187,15 +191,6 @@ def _dataset(args: argparse.Namespace) -> Dataset:
     if args.instruction is not None:
         dataset = Dataset(dataset.name, dataset.items, dataset.source, args.instruction)
     return dataset
-
-
-def _redis_of(broker: str | None) -> str | None:
-    if broker is None:
-        return None
-    scheme = urlsplit(broker).scheme
-    if scheme not in ("redis", "rediss", "redis+pubsub", "rediss+pubsub"):
-        return None
-    return scheme.removesuffix("+pubsub") + broker[len(scheme):]
 
 
 def _grader(args: argparse.Namespace, model: _Model) -> Grader:

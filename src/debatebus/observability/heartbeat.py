@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 from debatebus.exceptions import ConfigError, NotSupportedError, TransportError
 from debatebus.redaction import redact
+from debatebus.transports import redis_server_url
 from debatebus.transports.base import (
     HEARTBEAT_STREAM_MAXLEN as STREAM_MAXLEN,
 )
@@ -66,7 +67,6 @@ log = logging.getLogger("debatebus.heartbeat")
 #: How far back to look for a group's newest beat among other groups' beats: pages of _PAGE.
 _PAGE: Final = 100
 _MAX_PAGES: Final = 10
-_REDIS_SCHEMES: Final = ("redis", "rediss", "redis+pubsub", "rediss+pubsub")
 #: The most of a check's time kept for closing its connections (seconds).
 _CLOSE_S: Final = 0.5
 
@@ -183,8 +183,9 @@ async def latest_heartbeat(url: str, group: str, consumer: str | None = None, *,
     included; ``TimeoutError`` past it."""
     scheme = urlsplit(url).scheme
     deadline = asyncio.get_running_loop().time() + timeout
-    if scheme in _REDIS_SCHEMES:
-        return await _redis_latest(url.replace("+pubsub", "", 1), group, consumer, deadline)
+    server = redis_server_url(url)
+    if server is not None:
+        return await _redis_latest(server, group, consumer, deadline)
     if scheme == "kafka":
         from debatebus.transports.kafka.settings import url_options
 
