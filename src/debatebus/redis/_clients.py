@@ -11,11 +11,9 @@ goes through a batcher, by the batcher's per-pipeline timer (the transports'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any, TypeAlias, TypeGuard, cast
 from urllib.parse import urlsplit
 
-import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
@@ -32,6 +30,7 @@ from redis.exceptions import DataError
 from debatebus.backoff import full_jitter
 from debatebus.exceptions import ConfigError
 from debatebus.redaction import redact
+from debatebus.redis._connection import pack_command
 from debatebus.redis._errors import no_such_db, redis_call
 from debatebus.redis._urls import split_cluster, split_seeds
 from debatebus.retention import TOPIC_RETENTION_PARAM, take_retention
@@ -51,8 +50,6 @@ RedisClient: TypeAlias = Redis | RedisCluster
 #: redis-py's waits between its own retries of a failed connection: short, so an unreachable
 #: broker fails in about a second.
 _RETRY_BASE_S, _RETRY_CAP_S = 0.05, 0.5
-#: hiredis's C packer: one command's arguments → its RESP bytes (its stub says a 1-tuple).
-_pack: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
 
 
 class _Jitter(AbstractBackoff):
@@ -66,15 +63,15 @@ class _Jitter(AbstractBackoff):
 
 
 class _HiredisPacking:
-    """Packs commands with hiredis's C packer: redis-py's asyncio connections use a pure-Python
-    packer that costs ~3× more per command, which shows on a bus doing thousands per second."""
+    """Packs commands with hiredis's C packer, as the batcher does: redis-py's asyncio
+    connections use a pure-Python packer that costs ~3× more per command, which shows on a bus
+    doing thousands per second."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         if isinstance(args[0], str) and " " in args[0]:
             args = (*args[0].split(), *args[1:])
         try:
-            return [_pack(tuple(
-                bytes(a) if isinstance(a, bytearray | memoryview) else a for a in args))]
+            return [pack_command(args)]
         except TypeError as exc:
             raise DataError(str(exc)) from exc
 

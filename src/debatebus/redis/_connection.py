@@ -42,6 +42,7 @@ __all__ = [
     "Pipeline",
     "Wire",
     "open_wire",
+    "pack_command",
     "pack_commands",
     "reply_error",
     "tls_context",
@@ -162,7 +163,8 @@ def tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
     return context
 
 
-def _packed(command: Command) -> bytes:
+def pack_command(command: Command) -> bytes:
+    """One command in RESP, by hiredis's C packer (``TypeError`` for an argument it can't take)."""
     try:
         return bytes(_pack(tuple(command)))
     except TypeError:  # hiredis takes no bytearray: copy those (rare) arguments
@@ -173,7 +175,7 @@ def _packed(command: Command) -> bytes:
 def pack_commands(commands: Iterable[Command]) -> bytes:
     """RESP-encode ``commands`` into one buffer with hiredis's C packer: what redis-py's packer
     does, without its per-argument encoder lookups, which cost more than the network here."""
-    return b"".join([_packed(command) for command in commands])
+    return b"".join([pack_command(command) for command in commands])
 
 
 # ---- the wire ---------------------------------------------------------------------------------

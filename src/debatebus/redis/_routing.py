@@ -15,9 +15,9 @@ predate them); ``ASK`` sends ``ASKING`` and the command to the importing master.
 
 **Failures.** Every redirect, refusal or failure to reach a node has the map read again (see
 ``_topology``); a node the new map no longer names as a master is forgotten (its connection
-closed). A command that did not run —
-never sent, because no connection to its master could be opened (``NotSentError``: the master
-is dead and, until a replica takes its slots, the map still names it), or refused whole by the
+closed). A command that did not run — never sent, because no connection to its master could be
+opened (``NotSentError``: the master is dead and, until a replica takes its slots, the map still
+names it), or refused whole by the
 cluster (``TRYAGAIN`` during a migration, ``CLUSTERDOWN`` while a slot has no live master) — waits
 for the next map and is sent where it says, whatever the command, for up to ``timeout`` seconds
 from its enqueue; then the caller gets the error. A command that was written and got no reply
