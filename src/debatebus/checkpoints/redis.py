@@ -30,6 +30,8 @@ import functools
 import math
 from typing import Any
 
+from redis.asyncio import Redis
+
 from debatebus.checkpoints._common import lease_ttl_ms, marker_ms, not_begun
 from debatebus.checkpoints.base import (
     DEFAULT_RETENTION_S,
@@ -193,18 +195,20 @@ class RedisCheckpointStore(CheckpointStore):
 
     async def _open(self) -> RedisClient:
         client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
+        # The hot-path commands go through the transports' batcher: every call made by any
+        # debate in one loop tick is one pipelined round trip.
+        batch = make_batcher(client, self._where, timeout=self.timeout_s,
+                             seeds=seed_names(self._url))
+        batch.start()
         try:
             # Fail at startup, with a clear message, not mid-debate.
-            await connect_check(client, self._where, self.timeout_s)
+            await connect_check(batch, self._where, self.timeout_s)
         except BaseException:
+            await batch.stop()
             if self._given is None:
                 await client.aclose()
             raise
-        # The hot-path commands go through the transports' batcher: every call made by any
-        # debate in one loop tick is one pipelined round trip.
-        self._batch = make_batcher(client, self._where, timeout=self.timeout_s,
-                                   seeds=seed_names(self._url))
-        self._batch.start()
+        self._batch = batch
         return client
 
     async def close(self) -> None:
@@ -232,12 +236,18 @@ class RedisCheckpointStore(CheckpointStore):
         return f"{self.prefix}:{{{debate_id}}}:done"
 
     async def _send(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """Send commands in one round trip, as one MULTI/EXEC (nothing interleaved)."""
-        redis = await self._client()
-        async with self._bounded(), redis.pipeline(transaction=True) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            return await pipe.execute()
+        """Send commands of one debate in one round trip, as one MULTI/EXEC (nothing
+        interleaved), to the server holding its keys (on a cluster, its master)."""
+
+        async def transaction(redis: Redis) -> list[Any]:
+            async with redis.pipeline(transaction=True) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                return await pipe.execute()
+
+        batch = self._batch or await self._batcher()
+        async with self._bounded():
+            return await batch.on_master(str(commands[0][1]), transaction)
 
     # ---- checkpoints --------------------------------------------------------------------------
 
@@ -257,9 +267,14 @@ class RedisCheckpointStore(CheckpointStore):
     async def size_bytes(self, debate_id: str) -> int:
         # What the server really spends (keys, encodings, allocator overhead), not payload bytes:
         # this is what capacity planning needs. SAMPLES 0 counts every list element exactly.
-        redis = await self._client()
+        key = self._key(debate_id)
+
+        async def usage(redis: Redis) -> Any:
+            return await redis.memory_usage(key, samples=0)
+
+        batch = self._batch or await self._batcher()
         async with self._bounded():
-            size = await redis.memory_usage(self._key(debate_id), samples=0)
+            size = await batch.on_master(key, usage)
         return int(size or 0)
 
     # ---- results ------------------------------------------------------------------------------

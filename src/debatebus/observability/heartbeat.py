@@ -51,7 +51,7 @@ from debatebus.transports.base import (
 )
 
 if TYPE_CHECKING:
-    from debatebus.redis import RedisClient
+    from debatebus.redis import Batcher
 
 __all__ = [
     "HEARTBEAT_TOPIC",
@@ -213,27 +213,34 @@ async def _bounded(deadline: float, work: Callable[[], Awaitable[Beat | None]],
 
 async def _redis_latest(url: str, group: str, consumer: str | None,
                         deadline: float) -> Beat | None:
-    from debatebus.redis import build_client, describe, map_redis_errors
+    from debatebus.redis import build_client, describe, make_batcher, seed_names
 
     left = deadline - asyncio.get_running_loop().time()
     client = build_client(url, connect_timeout=max(0.1, min(5.0, left)))
+    batch = make_batcher(client, describe(url), timeout=max(0.1, left), seeds=seed_names(url))
+    batch.start()
 
     async def newest() -> Beat | None:
-        with map_redis_errors(describe(url)):
-            raw = await client.get(heartbeat_key(group, consumer))
-            from_key = _Live(group, consumer).pick(_decode(raw))
-            return _newest([from_key, await _scan_stream(client, _Live(group, consumer))])
+        [raw] = await batch.submit([("GET", heartbeat_key(group, consumer))])
+        from_key = _Live(group, consumer).pick(_decode(raw))
+        return _newest([from_key, await _scan_stream(batch, _Live(group, consumer))])
 
-    return await _bounded(deadline, newest, client.aclose)
+    async def close() -> None:
+        await batch.stop()
+        await client.aclose()
+
+    return await _bounded(deadline, newest, close)
 
 
-async def _scan_stream(client: RedisClient, live: _Live) -> Beat | None:
+async def _scan_stream(batch: Batcher, live: _Live) -> Beat | None:
     """Newest first, page by page: other groups' beats may sit on top of this group's."""
+    from debatebus.transports.redis_entries import ENVELOPE, field_map
+
     end = "+"
     for _ in range(_MAX_PAGES):
-        entries: Any = await client.xrevrange(HEARTBEAT_TOPIC, end, "-", count=_PAGE)
+        [entries] = await batch.submit([("XREVRANGE", HEARTBEAT_TOPIC, end, "-", "COUNT", _PAGE)])
         for _id, fields in entries:
-            beat = live.pick(_decode(fields.get(b"envelope")))
+            beat = live.pick(_decode(field_map(fields).get(ENVELOPE)))
             if beat is not None or live.done:
                 return beat
         if len(entries) < _PAGE:

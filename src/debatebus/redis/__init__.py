@@ -22,7 +22,6 @@ from debatebus.redis._clients import (
     RedisClient,
     build_client,
     check_client,
-    connect_check,
     describe,
     is_cluster,
     url_or_given,
@@ -30,7 +29,7 @@ from debatebus.redis._clients import (
 from debatebus.redis._connection import Command
 from debatebus.redis._errors import map_redis_errors, redis_call, transport_error
 from debatebus.redis._keys import by_slot, check_one_slot, cluster_key, stream_key_rule
-from debatebus.redis._routing import Batcher, ClusterBatcher, make_batcher
+from debatebus.redis._routing import Batcher, ClusterBatcher, connect_check, make_batcher
 from debatebus.redis._scripts import Script
 from debatebus.redis._urls import cluster_url, seed_names, split_cluster, split_seeds
 

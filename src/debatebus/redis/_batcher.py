@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -26,6 +26,7 @@ from debatebus.redis._errors import transport_error
 
 __all__ = ["Check", "CommandBatcher", "NotSentError"]
 
+T = TypeVar("T")
 #: Turns a job's replies into its result, or raises (the error the job's caller then gets).
 Check = Callable[[list[Any]], list[Any]]
 
@@ -72,10 +73,14 @@ class CommandBatcher:
     first) fail with ``NotSentError``: Redis did not run them.
 
     The connection is the batcher's own, made from ``client``'s settings (``connection_pool``'s
-    ``connection_kwargs`` and ``connection_class``); the client itself is never used or closed.
+    ``connection_kwargs`` and ``connection_class``). The client itself carries only what
+    ``on_master`` is given, and is closed by ``stop`` only if ``owns_client``.
     """
 
-    def __init__(self, client: Redis, where: str, *, timeout: float) -> None:
+    def __init__(self, client: Redis, where: str, *, timeout: float,
+                 owns_client: bool = False) -> None:
+        self._client = client
+        self._owns_client = owns_client
         self._pool = client.connection_pool
         self._endpoint: Endpoint | None = None
         self._where = where
@@ -111,6 +116,9 @@ class CommandBatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._connecting
         await self._close()
+        if self._owns_client:
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await self._client.aclose()
         # What never reached Redis (a reconnect still pending, or no reply in time) fails: no
         # caller is left waiting on a batcher that is gone.
         unsent = [job for batch in self._waiting for job in batch] + self._queue
@@ -122,6 +130,11 @@ class CommandBatcher:
     async def submit(self, commands: Sequence[Command]) -> list[Any]:
         # A cancelled caller does not unqueue its job: half-resolved states are worse than a late one.
         return await self.enqueue(commands)
+
+    async def on_master(self, key: str, call: Callable[[Redis], Awaitable[T]]) -> T:
+        """``call`` on the client: what a pipeline of the batcher cannot carry (blocking reads,
+        pub/sub, MULTI/EXEC), on the same server (``key``: the one it touches, for a cluster)."""
+        return await call(self._client)
 
     async def load_script(self, text: str) -> None:
         """``SCRIPT LOAD`` ``text``. Callers while its load is in flight share it: after a Redis

@@ -10,7 +10,6 @@ goes through a batcher, by the batcher's per-pipeline timer (the transports'
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, TypeAlias, TypeGuard, cast
 from urllib.parse import urlsplit
 
@@ -19,7 +18,6 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import (
     Connection,
-    ConnectionPool,
     SSLConnection,
     UnixDomainSocketConnection,
 )
@@ -31,7 +29,6 @@ from debatebus.backoff import full_jitter
 from debatebus.exceptions import ConfigError
 from debatebus.redaction import redact
 from debatebus.redis._connection import pack_command
-from debatebus.redis._errors import no_such_db, redis_call
 from debatebus.redis._urls import split_cluster, split_seeds
 from debatebus.retention import TOPIC_RETENTION_PARAM, take_retention
 
@@ -39,7 +36,6 @@ __all__ = [
     "RedisClient",
     "build_client",
     "check_client",
-    "connect_check",
     "describe",
     "is_cluster",
     "url_or_given",
@@ -164,38 +160,3 @@ def describe(url: str | None, client: RedisClient | None = None) -> str:
         return parts.path
     where = ",".join(f"{host}:{port}" for host, port in seeds) or "localhost:6379"
     return f"{where} (cluster)" if cluster else where
-
-
-async def connect_check(client: RedisClient, where: str, timeout: float) -> None:
-    """The check a Redis component makes when it connects: a PING bounded by ``timeout``, its
-    errors mapped. A database the server does not have (``redis://host/99``) is a
-    ``ConfigError`` that says how many it has: one more connection, on database 0, asks it."""
-    try:
-        async with redis_call(where, timeout):
-            await client.ping()
-    except ConfigError as e:
-        cause = e.__cause__
-        if is_cluster(client) or cause is None or not no_such_db(cause):
-            raise
-        pool = cast(Redis, client).connection_pool  # a cluster has database 0 only
-        db = pool.connection_kwargs.get("db")
-        raise ConfigError(f"Redis at {where}: database {db} does not exist on this server"
-                          f" ({await _databases(pool, timeout)}): fix the /N after host:port in"
-                          " the URL") from cause
-
-
-async def _databases(pool: ConnectionPool, timeout: float) -> str:
-    """How many databases the server of ``pool`` has, in words (``CONFIG GET`` may be refused)."""
-    first = Redis(connection_pool=ConnectionPool(
-        connection_class=pool.connection_class, **{**pool.connection_kwargs, "db": 0}))
-    try:
-        async with asyncio.timeout(timeout):
-            reply = await first.config_get("databases")  # redis-py decodes it: {"databases": "16"}
-    except (redis_errors.RedisError, OSError, TimeoutError):
-        reply = {}
-    finally:
-        await first.aclose(close_connection_pool=True)
-    count = reply.get("databases") or ""
-    if not count.isdigit():
-        return "CONFIG GET databases was refused, so how many it has is unknown; 16 by default"
-    return f"it has {count}: databases 0..{int(count) - 1}"

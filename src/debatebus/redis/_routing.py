@@ -30,24 +30,27 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from redis import exceptions as redis_errors
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.connection import Connection
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from debatebus.exceptions import DebatebusError, TransportError
+from debatebus.backoff import Backoff
+from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 from debatebus.redis._batcher import Check, CommandBatcher, NotSentError
 from debatebus.redis._clients import RedisClient, is_cluster
 from debatebus.redis._connection import Command
+from debatebus.redis._errors import no_such_db, redis_call
 from debatebus.redis._keys import command_slot
 from debatebus.redis._topology import ClusterMap
 
-__all__ = ["Batcher", "ClusterBatcher", "make_batcher"]
+__all__ = ["Batcher", "ClusterBatcher", "connect_check", "make_batcher"]
 
+T = TypeVar("T")
 _MAX_REDIRECTS = 16
 
 
@@ -65,6 +68,8 @@ class Batcher(Protocol):
                 check: Check | None = None) -> asyncio.Future[list[Any]]: ...
 
     async def load_script(self, text: str) -> None: ...
+
+    async def on_master(self, key: str, call: Callable[[Redis], Awaitable[T]]) -> T: ...
 
 
 def make_batcher(client: RedisClient, where: str, *, timeout: float,
@@ -151,6 +156,44 @@ class ClusterBatcher:
 
     async def submit(self, commands: Sequence[Command]) -> list[Any]:
         return await self.enqueue(commands)
+
+    async def on_master(self, key: str, call: Callable[[Redis], Awaitable[T]]) -> T:
+        """``call`` on a redis-py client of the master that owns ``key``'s slot, as the map says:
+        what a pipeline of the batcher cannot carry (blocking reads, pub/sub, MULTI/EXEC), routed
+        by the same map. What did not run is tried again: after ``MOVED``, where it says (up to
+        ``_MAX_REDIRECTS`` times); after ``ASK``, ``TRYAGAIN`` or ``CLUSTERDOWN`` (a slot
+        migrating, or without a live master), after a pause, for up to ``timeout`` seconds. A
+        failure to reach the master, or an ``UNBLOCKED`` read (its slot moved), has the map read
+        again, and is raised: the call may have run."""
+        await self._map.ready()
+        slot = key_slot(key.encode())
+        loop = asyncio.get_running_loop()
+        deadline, pauses, redirects = loop.time() + self._timeout, Backoff(0.05, 0.5), 0
+        while True:
+            node = self._map.owner(slot)
+            if node is None:
+                raise TransportError(f"no master of the Redis Cluster at {self._where} holds "
+                                     f"slot {slot}: is every slot assigned (CLUSTER SLOTS)?")
+            try:
+                return await self._node(node).on_master(key, call)
+            except redis_errors.MovedError as e:
+                if redirects >= _MAX_REDIRECTS:
+                    raise
+                redirects += 1
+                self._map.moved(e.slot_id, f"{e.host or node.rpartition(':')[0]}:{e.port}")
+            except (redis_errors.AskError, redis_errors.TryAgainError,
+                    redis_errors.ClusterDownError):
+                if loop.time() >= deadline:
+                    raise
+                self._map.read_soon()
+                await asyncio.sleep(pauses.next())
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError):
+                self._map.read_soon()
+                raise
+            except redis_errors.ResponseError as e:
+                if str(e).startswith("UNBLOCKED"):
+                    self._map.read_soon()
+                raise
 
     async def load_script(self, text: str) -> None:
         """``SCRIPT LOAD`` on every master the map names (callers while a load is in flight on
@@ -276,16 +319,19 @@ class ClusterBatcher:
 
     def _node(self, name: str) -> CommandBatcher:
         """The batcher of node ``name`` (``host:port``): the cluster client's connection
-        settings (TLS, AUTH…) at that address, on a connection of its own."""
+        settings (TLS, AUTH…) at that address, on a connection of its own; its client carries
+        the calls ``on_master`` routes there."""
         batcher = self._nodes.get(name)
         if batcher is None:
             host, _, port = name.rpartition(":")
             settings: dict[str, Any] = dict(self._client.get_connection_kwargs())
             kind = settings.pop("connection_class", None) or Connection
+            # The cluster client's reply callbacks: a node client has redis-py's own.
+            settings.pop("response_callbacks", None)
             pool = ConnectionPool(connection_class=kind, **{**settings, "host": host,
                                                              "port": int(port)})
             batcher = CommandBatcher(Redis(connection_pool=pool), f"{name} (cluster)",
-                                     timeout=self._timeout)
+                                     timeout=self._timeout, owns_client=True)
             batcher.start()
             self._nodes[name] = batcher
         return batcher
@@ -317,3 +363,45 @@ class ClusterBatcher:
             self._forget(name)
         for call in parked:
             self._route(call)
+
+
+async def connect_check(batcher: Batcher, where: str, timeout: float) -> None:
+    """The check a Redis component makes when it connects, through its batcher (``start``-ed): a
+    PING (on a cluster, once the slot map is read: to a master), bounded by ``timeout``, its
+    errors mapped. A database the server does not have (``redis://host/99``) is a
+    ``ConfigError`` that says how many it has: one more connection, on database 0, asks it."""
+    pools: list[ConnectionPool] = []
+
+    async def ping(redis: Redis) -> None:
+        pools.append(redis.connection_pool)
+        await redis.ping()
+
+    try:
+        async with redis_call(where, timeout):
+            await batcher.on_master("", ping)
+    except ConfigError as e:
+        cause = e.__cause__
+        if not pools or cause is None or not no_such_db(cause):
+            raise
+        pool = pools[-1]  # a cluster has database 0 only: never here
+        db = pool.connection_kwargs.get("db")
+        raise ConfigError(f"Redis at {where}: database {db} does not exist on this server"
+                          f" ({await _databases(pool, timeout)}): fix the /N after host:port in"
+                          " the URL") from cause
+
+
+async def _databases(pool: ConnectionPool, timeout: float) -> str:
+    """How many databases the server of ``pool`` has, in words (``CONFIG GET`` may be refused)."""
+    first = Redis(connection_pool=ConnectionPool(
+        connection_class=pool.connection_class, **{**pool.connection_kwargs, "db": 0}))
+    try:
+        async with asyncio.timeout(timeout):
+            reply = await first.config_get("databases")  # redis-py decodes it: {"databases": "16"}
+    except (redis_errors.RedisError, OSError, TimeoutError):
+        reply = {}
+    finally:
+        await first.aclose(close_connection_pool=True)
+    count = reply.get("databases") or ""
+    if not count.isdigit():
+        return "CONFIG GET databases was refused, so how many it has is unknown; 16 by default"
+    return f"it has {count}: databases 0..{int(count) - 1}"

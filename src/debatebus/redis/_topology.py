@@ -1,4 +1,5 @@
-"""The one slot → master map of a Redis Cluster that debatebus keeps (``ClusterMap``).
+"""The one slot → master map of a Redis Cluster that debatebus keeps (``ClusterMap``): every
+command a batcher sends, pipelined or through ``on_master``, goes where it says.
 
 It is read with ``CLUSTER SLOTS``, sent on debatebus's own connections (a batcher per node: no
 redis-py internals), from the first node that answers: those the last map named (masters first),
@@ -76,6 +77,8 @@ class ClusterMap:
         self._pauses = Backoff(_PAUSE_BASE_S, _PAUSE_CAP_S)
         self._last_read = -math.inf
         self._running = False
+        #: Why the last read found no node that answers (None once one did).
+        self._failed: DebatebusError | None = None
 
     def start(self) -> None:
         self._running = True
@@ -86,6 +89,17 @@ class ClusterMap:
             self._reading.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reading
+
+    async def ready(self) -> None:
+        """Return once a map has been read (reading one now if none was yet); the error of that
+        read when no node answered."""
+        while not self._known:
+            self.read_soon()
+            if self._reading is None:  # stopped
+                raise TransportError(f"the Redis Cluster at {self._where} is closed")
+            await asyncio.shield(self._reading)
+            if not self._known and self._failed is not None:
+                raise self._failed
 
     def owner(self, slot: int) -> str | None:
         """The master of ``slot`` (``host:port``), or None until a map names one."""
@@ -128,6 +142,7 @@ class ClusterMap:
         finally:
             self._reading = None
             self._last_read = loop.time()
+        self._failed = error
         if found is None:
             self._on_read(None, error)
             return

@@ -28,6 +28,7 @@ __all__ = [
     "SETTLE",
     "body_of",
     "entry_to_delivery",
+    "field_map",
     "headers_of",
     "message_fields",
     "stream_entries",
@@ -96,6 +97,12 @@ def entry_to_delivery(topic: str, entry_id: bytes | str, fields: Mapping[bytes, 
                     key.decode(errors="replace") if key is not None else None,
                     headers_of(fields), token,
                     malformed=None if body is not None else _no_envelope(fields))
+
+
+def field_map(fields: list[bytes]) -> dict[bytes, bytes]:
+    """An entry's fields as the batcher reads them (RESP2: ``[name, value, name, value…]``) →
+    name → value, as redis-py's commands hand them back."""
+    return dict(zip(fields[::2], fields[1::2], strict=True))
 
 
 def _no_envelope(fields: Mapping[bytes, bytes]) -> str:

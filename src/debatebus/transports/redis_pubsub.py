@@ -49,6 +49,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from debatebus.backoff import redelivery_delay
@@ -140,16 +141,22 @@ class RedisPubSubTransport(Transport):
             return
         if self._client is None:
             self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        await connect_check(self._client, self._where, self._timeout)
+        batcher = make_batcher(self._client, self._where, timeout=self._timeout,
+                               seeds=seed_names(self._url))
+        batcher.start()
+        try:
+            await connect_check(batcher, self._where, self._timeout)
+            self._tell_db(self._client)
+            dead = RedisStreamsTransport(self._url, client=self._client,
+                                         command_timeout=self._timeout,
+                                         block_ms=max(1, int(self._poll_s * 1000)),
+                                         topic_retention_s=self._topic_retention_s)
+            await dead.connect()
+        except BaseException:
+            await batcher.stop()
+            raise
         self._closed = False
-        self._tell_db(self._client)
-        self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
-                                           block_ms=max(1, int(self._poll_s * 1000)),
-                                           topic_retention_s=self._topic_retention_s)
-        await self._dead.connect()
-        self._batcher = make_batcher(self._client, self._where, timeout=self._timeout,
-                                     seeds=seed_names(self._url))
-        self._batcher.start()
+        self._dead, self._batcher = dead, batcher
 
     def _tell_db(self, client: RedisClient) -> None:
         """One WARNING, the first time this transport connects, if its db is not 0: pub/sub
@@ -282,21 +289,26 @@ class RedisPubSubTransport(Transport):
 
     async def _subscribed(self, channels: Sequence[str]) -> PubSub:
         """A pub/sub connection whose SUBSCRIBE the server has confirmed: whatever is published
-        after this returns reaches it."""
-        client, _, _ = self._parts()
-        pubsub: PubSub = client.pubsub()
-        self._listeners.add(pubsub)
-        try:
-            async with redis_call(self._where, self._timeout):
+        after this returns reaches it. On a cluster, on the master the slot map names for the
+        first channel (a PUBLISH to any node reaches every node's subscribers)."""
+        _, batcher, _ = self._parts()
+
+        async def subscribe(redis: Redis) -> PubSub:
+            pubsub: PubSub = redis.pubsub()
+            self._listeners.add(pubsub)
+            try:
                 await pubsub.subscribe(*channels)
                 for _ in set(channels):
                     # The confirmations come back together, ahead of any message.
                     await pubsub.get_message(timeout=None)
-        except BaseException:
-            self._listeners.discard(pubsub)
-            await _quietly_close(pubsub)
-            raise
-        return pubsub
+            except BaseException:
+                self._listeners.discard(pubsub)
+                await _quietly_close(pubsub)
+                raise
+            return pubsub
+
+        async with redis_call(self._where, self._timeout):
+            return await batcher.on_master(channels[0], subscribe)
 
     async def _messages(self, pubsub: PubSub, channels: Sequence[str],
                         requeued: deque[Delivery] | None) -> AsyncIterator[Delivery]:

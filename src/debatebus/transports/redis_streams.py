@@ -59,6 +59,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from redis import exceptions as redis_errors
+from redis.asyncio import Redis
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.redis import (
@@ -97,6 +98,7 @@ from debatebus.transports.redis_entries import (
     ENVELOPE,
     SETTLE,
     entry_to_delivery,
+    field_map,
     message_fields,
     stream_entries,
 )
@@ -170,21 +172,24 @@ class RedisStreamsTransport(Transport):
         self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms,
                                       submit=lambda commands: self._submit_to().submit(commands),
                                       trim=self._trim, trim_every_s=_trim_every_s(self._keep_ms))
-        self._batcher: Batcher | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        if self._batcher is not None:
-            return
         link = self._link
+        if link.batcher is not None:
+            return
         if link.client is None:
             link.client = build_client(self._url, connect_timeout=self._connect_timeout)
-        await connect_check(link.client, link.where, link.timeout)
-        link.closed = False
-        self._batcher = make_batcher(link.client, link.where, timeout=link.timeout,
-                                     seeds=seed_names(self._url))
-        self._batcher.start()
+        batcher = make_batcher(link.client, link.where, timeout=link.timeout,
+                               seeds=seed_names(self._url))
+        batcher.start()
+        try:
+            await connect_check(batcher, link.where, link.timeout)
+        except BaseException:
+            await batcher.stop()
+            raise
+        link.closed, link.batcher = False, batcher
         self._groups.start()
 
     async def close(self) -> None:
@@ -192,8 +197,8 @@ class RedisStreamsTransport(Transport):
         link.closed = True
         await link.reads.wait_idle(link.block_ms / 1000 + 1.0)
         await self._groups.stop()
-        if self._batcher is not None:
-            batcher, self._batcher = self._batcher, None
+        if link.batcher is not None:
+            batcher, link.batcher = link.batcher, None
             await batcher.stop()
         if link.client is not None and self._owns_client:
             client, link.client = link.client, None
@@ -204,9 +209,9 @@ class RedisStreamsTransport(Transport):
         return self._key(topic)
 
     def _submit_to(self) -> Batcher:
-        if self._batcher is None:
+        if self._link.batcher is None:
             raise TransportError(NOT_CONNECTED)
-        return self._batcher
+        return self._link.batcher
 
     # -- publishing and settling -----------------------------------------------------------------
 
@@ -323,9 +328,8 @@ class RedisStreamsTransport(Transport):
                               interval_s: float, last: bool = False) -> None:
         """An entry of the stream ``HEARTBEAT_TOPIC`` (field ``envelope``, so ``debatebus tail``
         shows it), trimmed to about ``HEARTBEAT_STREAM_MAXLEN`` entries."""
-        async with self._link.call():
-            await self._link.redis().xadd(HEARTBEAT_TOPIC, {ENVELOPE: beat},
-                                          maxlen=HEARTBEAT_STREAM_MAXLEN, approximate=True)
+        await self._submit_to().submit([("XADD", HEARTBEAT_TOPIC, "MAXLEN", "~",
+                                         HEARTBEAT_STREAM_MAXLEN, "*", ENVELOPE, beat)])
 
     # -- reading outside any group ---------------------------------------------------------------
 
@@ -339,12 +343,14 @@ class RedisStreamsTransport(Transport):
         """``last``: the last entry id seen, by stream key."""
         names = {self._key(topic).encode(): topic for topic in topics}
         link = self._link
+
+        async def read(redis: Redis) -> Any:
+            return await redis.xread(last, count=_RANGE_PAGE, block=link.block_ms)  # type: ignore[arg-type]
+
         try:
             while not link.closed:
                 with link.reads.reading():
-                    async with link.call(link.block_ms):
-                        reply = await link.redis().xread(
-                            last, count=_RANGE_PAGE, block=link.block_ms)  # type: ignore[arg-type]
+                    reply = await link.on(self._key(topics[0]), read, link.block_ms)
                 for name, entries in stream_entries(reply):
                     topic = names[name]
                     for entry_id, fields in entries:
@@ -356,12 +362,9 @@ class RedisStreamsTransport(Transport):
 
     async def _last_ids(self, topics: Sequence[str]) -> dict[str, Any]:
         # An explicit id, not "$" on every call: "$" would skip what arrives between two reads.
-        pipe = self._link.redis().pipeline(transaction=False)
         keys = [self._key(topic) for topic in topics]
-        for key in keys:
-            pipe.xrevrange(key, "+", "-", count=1)
-        async with self._link.call():
-            replies: list[Any] = await pipe.execute()
+        replies = await self._submit_to().submit([("XREVRANGE", key, "+", "-", "COUNT", 1)
+                                                  for key in keys])
         return {key: reply[0][0] if reply else "0-0" for key, reply in zip(keys, replies, strict=True)}
 
     async def read_range(self, topic: str, start: str = "-", end: str = "+",
@@ -375,11 +378,10 @@ class RedisStreamsTransport(Transport):
         left = count
         while left is None or left > 0:
             page = _RANGE_PAGE if left is None else min(_RANGE_PAGE, left)
-            async with self._link.call():
-                entries: Any = await self._link.redis().xrange(self._key(topic), start, end,
-                                                               count=page)
+            key = self._key(topic)
+            [entries] = await self._submit_to().submit([("XRANGE", key, start, end, "COUNT", page)])
             for entry_id, fields in entries:
-                delivery = entry_to_delivery(topic, entry_id, fields)
+                delivery = entry_to_delivery(topic, entry_id, field_map(fields))
                 delivery.timestamp_ms = int(delivery.id.partition("-")[0])
                 yield delivery
             if len(entries) < page:
