@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import time
 import uuid
 from typing import Any
 
@@ -20,6 +22,7 @@ from tests.transports.test_contract import Reader
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.llm.ratelimit import RateLimit
 from debatebus.llm.ratelimit_redis import RedisRateLimiter
+from debatebus.observability.heartbeat import latest_heartbeat
 from debatebus.redis import (
     ClusterBatcher,
     build_client,
@@ -400,3 +403,19 @@ async def test_a_job_whose_commands_all_fail_leaves_no_error_unread(
         gc.collect()  # an error nobody read is reported when its future is collected
         loop.set_exception_handler(None)
     assert [m for m in unhandled if "never retrieved" in m] == []
+
+
+@pytest.mark.parametrize("scheme", ["redis://", "redis+pubsub://"])
+async def test_debatebus_check_finds_a_workers_heartbeat_on_a_cluster(
+        redis_cluster: RedisClusterServers, scheme: str) -> None:
+    """A worker's beats (a stream entry, or pub/sub's keys), written and read back through the
+    slot map of the cluster; a last beat takes a pub/sub worker's out at once."""
+    url, group = redis_cluster.url.replace("redis://", scheme), f"g-{uuid.uuid4().hex[:8]}"
+    beat = json.dumps({"group": group, "consumer": "c", "timestamp": time.time()}).encode()
+    async with transport_from_url(url) as t:
+        await t.write_heartbeat(group, "c", beat, interval_s=5.0)
+        assert (await latest_heartbeat(url, group) or {}).get("consumer") == "c"
+        assert (await latest_heartbeat(url, group, "c") or {}).get("consumer") == "c"
+        if scheme == "redis+pubsub://":
+            await t.write_heartbeat(group, "c", beat, interval_s=5.0, last=True)
+            assert await latest_heartbeat(url, group) is None
