@@ -92,8 +92,7 @@ class Batcher:
         self.together = together
 
     async def open(self, url: str, port: int, tasks: int) -> None:
-        from debatebus.transports.redis_cluster import make_batcher
-        from debatebus.transports.redis_common import build_client
+        from debatebus.redis import build_client, make_batcher
 
         self.client = build_client(url, connect_timeout=5.0)
         self.batcher = make_batcher(self.client, "benchmark", timeout=30.0)

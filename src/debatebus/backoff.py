@@ -1,15 +1,30 @@
-"""Capped exponential backoff with full jitter, for riding out broker and store outages."""
+"""Capped exponential backoff with full jitter: the one rule for every wait before trying again
+(broker and store outages, the settler, model calls, redis-py's reconnects)."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
-__all__ = ["Backoff", "redelivery_delay"]
+__all__ = ["BROKER_BASE_S", "BROKER_CAP_S", "Backoff", "full_jitter", "redelivery_delay"]
+
+#: The waits between tries at a broker that fails (the settler's retries, the worker's
+#: reconnects): 0.1 s at first, twice as long each time, at most 5 s.
+BROKER_BASE_S = 0.1
+BROKER_CAP_S = 5.0
+
+
+def full_jitter(attempt: int, base_s: float, cap_s: float,
+                draw: Callable[[], float] = random.random) -> float:
+    """The wait after ``attempt`` earlier tries (0: the first): uniform in
+    [0, min(cap_s, base_s × 2ⁿ)] (``draw``: a number in [0, 1)), so clients that failed together
+    spread out instead of coming back in lockstep."""
+    return draw() * _ceiling(attempt, base_s, cap_s)
 
 
 class Backoff:
-    """The n-th wait is uniform in [0, min(cap_s, base_s × 2ⁿ)]: clients that failed together
-    spread out instead of returning in lockstep. ``reset()`` after a success."""
+    """``full_jitter`` with its count of tries: ``next()`` is the next wait, ``reset()`` after a
+    success."""
 
     def __init__(self, base_s: float = 0.1, cap_s: float = 5.0) -> None:
         self.base_s = base_s
@@ -17,9 +32,9 @@ class Backoff:
         self.attempt = 0
 
     def next(self) -> float:
-        ceiling = _ceiling(self.attempt, self.base_s, self.cap_s)
+        wait = full_jitter(self.attempt, self.base_s, self.cap_s)
         self.attempt += 1
-        return random.uniform(0, ceiling)
+        return wait
 
     def reset(self) -> None:
         self.attempt = 0

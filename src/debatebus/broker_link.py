@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from debatebus.backoff import Backoff
+from debatebus.backoff import BROKER_BASE_S, BROKER_CAP_S, Backoff
 from debatebus.exceptions import TransportError
-from debatebus.settler import BACKOFF_BASE_S, BACKOFF_CAP_S
 from debatebus.transports import Transport
 
 __all__ = ["BrokerLink", "broker_where"]
@@ -23,7 +22,7 @@ class BrokerLink:
     def __init__(self, where: str) -> None:
         self.where = where
         self.up = True
-        self.backoff = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)
+        self.backoff = Backoff(BROKER_BASE_S, BROKER_CAP_S)
         #: Set when the link comes back, so the heartbeat says so at once.
         self.wake = asyncio.Event()
 
@@ -31,11 +30,11 @@ class BrokerLink:
         if self.up and starting:
             log.warning("cannot connect at start-up (broker %s): %s; retrying with backoff (up to "
                         "%g s) until it works or the worker is stopped", self.where, exc,
-                        BACKOFF_CAP_S)
+                        BROKER_CAP_S)
         elif self.up:
             log.warning("lost the connection to the broker at %s: %s; reconnecting with backoff "
                         "(up to %g s), in-flight debates keep running", self.where, exc,
-                        BACKOFF_CAP_S)
+                        BROKER_CAP_S)
         self.up = False
 
     def back(self) -> None:

@@ -4,18 +4,17 @@
 raises "bound to a different event loop" in any other. A handler, a model or a rate limiter may
 serve one loop after another (``asyncio.run`` twice, a test per loop), so each loop gets its own.
 
-``SharedCall``: concurrent callers share the one call in flight. ``retrieved``: the done callback of
-a future nobody may await.
+``retrieved``: the done callback of a future nobody may await.
 """
 
 from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["PerLoop", "SharedCall", "retrieved"]
+__all__ = ["PerLoop", "retrieved"]
 
 T = TypeVar("T")
 
@@ -37,31 +36,6 @@ class PerLoop(Generic[T]):
         if value is None:
             value = self._by_loop[loop] = self._make()
         return value
-
-
-class SharedCall:
-    """Awaiting it calls ``func``, unless a call is in flight already: then it waits for that
-    one, and shares its outcome. After a Redis restart, the hundreds of commands of a burst that
-    all found their script missing load it once, not once each (which took a connection each,
-    more than the pool holds)."""
-
-    __slots__ = ("_flight", "_func")
-
-    def __init__(self, func: Callable[[], Awaitable[None]]) -> None:
-        self._func = func
-        self._flight: asyncio.Future[None] | None = None
-
-    async def __call__(self) -> None:
-        if self._flight is None:
-            self._flight = asyncio.ensure_future(self._call())
-            self._flight.add_done_callback(retrieved)
-        await asyncio.shield(self._flight)
-
-    async def _call(self) -> None:
-        try:
-            await self._func()
-        finally:
-            self._flight = None
 
 
 def retrieved(future: asyncio.Future[Any]) -> None:

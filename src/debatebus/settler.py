@@ -31,7 +31,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
-from debatebus.backoff import Backoff
+from debatebus.backoff import BROKER_BASE_S, BROKER_CAP_S, Backoff
 from debatebus.client import Answers
 from debatebus.engine.run import EventTypes, OnEvent
 from debatebus.exceptions import InputError, LeaseLostError, MessageTooLargeError, TransportError
@@ -53,15 +53,12 @@ from debatebus.schemas.result import HandlerResult
 from debatebus.transports import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 
-__all__ = ["BACKOFF_BASE_S", "BACKOFF_CAP_S", "EVENT_ENCODER", "Flow", "MakeContext", "Outlet",
-           "Route", "Settler", "bad_input", "result_message"]
+__all__ = ["EVENT_ENCODER", "Flow", "MakeContext", "Outlet", "Route", "Settler", "bad_input",
+           "result_message"]
 
 log = logging.getLogger("debatebus.worker")
 
 EVENT_ENCODER = msgspec.json.Encoder()
-#: Reconnect and settle retries wait uniformly in [0, min(cap, base × 2ⁿ)] (full jitter).
-BACKOFF_BASE_S: Final = 0.1
-BACKOFF_CAP_S: Final = 5.0
 _Settled = tuple[Settlement, HandlerResult | None]
 #: A request the transport's dialect leaves to another member of the fleet (it holds or answered
 #: it): nothing is published; observers see it as answered elsewhere, ``replayed``.
@@ -290,7 +287,7 @@ class Settler:
         the delivery stays in flight (and the transport keeps it alive). Only the drain timeout
         ends the retries (cancelled: ``process`` releases the delivery).
         ``MessageTooLargeError`` is raised: retrying cannot help it."""
-        backoff, failures = Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S), 0
+        backoff, failures = Backoff(BROKER_BASE_S, BROKER_CAP_S), 0
         try:
             while True:
                 try:

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final, Self
 
-from debatebus.backoff import Backoff
+from debatebus.backoff import BROKER_BASE_S, BROKER_CAP_S, Backoff
 from debatebus.broker_link import BrokerLink, broker_where
 from debatebus.checkpoints.base import CheckpointStore
 from debatebus.client import Answers, request_message
@@ -43,7 +43,7 @@ from debatebus.handlers.contract import Handler, Slot, adapt, current_slot
 from debatebus.handlers.handler import attach_default_stores
 from debatebus.observability.heartbeat import beat_forever, send_last_beat
 from debatebus.observability.observer import Observer, fan_out
-from debatebus.settler import BACKOFF_BASE_S, BACKOFF_CAP_S, Route, Settler
+from debatebus.settler import Route, Settler
 from debatebus.supervisor import supervise
 from debatebus.transports import (
     Delivery,
@@ -322,7 +322,7 @@ class DebateBus:
             lambda: len(self._inflight), connected=lambda: link.up, wake=link.wake)
         # Given up, it leaves the heartbeat stale: what debatebus check reports.
         return asyncio.create_task(supervise("the worker's heartbeat", beating, log=log,
-                                             backoff=Backoff(BACKOFF_BASE_S, BACKOFF_CAP_S)))
+                                             backoff=Backoff(BROKER_BASE_S, BROKER_CAP_S)))
 
     async def _announce_stop(self, beating: asyncio.Task[None] | None) -> None:
         """Stop beating and say so, so ``debatebus check`` fails within seconds of a SIGTERM."""

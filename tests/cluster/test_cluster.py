@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import time
 import uuid
 from typing import Any
 
@@ -20,17 +22,20 @@ from tests.transports.test_contract import Reader
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.llm.ratelimit import RateLimit
 from debatebus.llm.ratelimit_redis import RedisRateLimiter
-from debatebus.schemas.envelope import completed_topic
-from debatebus.transports import transport_from_url
-from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.redis_cluster import ClusterBatcher, cluster_key
-from debatebus.transports.redis_common import (
+from debatebus.observability.heartbeat import latest_heartbeat
+from debatebus.redis import (
+    ClusterBatcher,
     build_client,
+    cluster_key,
     describe,
     seed_names,
     split_cluster,
     split_seeds,
 )
+from debatebus.redis._topology import ClusterMap
+from debatebus.schemas.envelope import completed_topic
+from debatebus.transports import transport_from_url
+from debatebus.transports.base import Delivery, Outgoing, dlq_topic
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import dedupe_key, lock_key
@@ -284,17 +289,21 @@ async def test_a_dead_first_seed_is_passed_over(redis_cluster: RedisClusterServe
     assert sync.xpending(cluster_key(topic), "g")["pending"] == 0
 
 
-class _HeldMap(ClusterBatcher):
-    """A batcher whose slot-map reads, once ``hold`` is set, answer only when it opens: what
-    was true when they began."""
+class _HeldRead(ClusterMap):
+    """A slot map whose reads, once ``hold`` is set, answer only when it opens: what was true
+    when they began."""
 
     hold: asyncio.Event | None = None
 
-    async def _read_slots(self) -> Any:
-        slots = await super()._read_slots()
+    async def read(self) -> Any:
+        slots = await super().read()
         if self.hold is not None:
             await self.hold.wait()
         return slots
+
+
+class _HeldMap(ClusterBatcher):
+    Map = _HeldRead
 
 
 def _rejected_gets(cluster: RedisClusterServers, port: int) -> int:
@@ -316,12 +325,12 @@ async def test_a_moved_heard_while_the_map_is_read_is_not_undone_by_it(
     batcher.start()
     try:
         assert await batcher.submit((("SET", first, "1"), ("SET", second, "2"))) == [b"OK"] * 2
-        batcher.hold = asyncio.Event()
+        hold = batcher._map.hold = asyncio.Event()  # type: ignore[attr-defined]
         await asyncio.to_thread(redis_cluster.migrate_slot, key_slot(first.encode()), source, target)
         assert await batcher.submit((("GET", first),)) == [b"1"]  # MOVED: a map read begins
         await asyncio.to_thread(redis_cluster.migrate_slot, key_slot(second.encode()), source, target)
         assert await batcher.submit((("GET", second),)) == [b"2"]  # MOVED during the read
-        batcher.hold.set()
+        hold.set()
         await asyncio.sleep(0.2)  # the held read answers, with second's old master
         before = _rejected_gets(redis_cluster, source)
         assert before > 0, "a MOVED counts as a rejected call"
@@ -331,20 +340,24 @@ async def test_a_moved_heard_while_the_map_is_read_is_not_undone_by_it(
         await batcher.stop()
 
 
-class _StaleFirst(ClusterBatcher):
-    """A batcher whose first slot map is from before a failover it missed: every slot on a
+class _StaleRead(ClusterMap):
+    """A slot map whose first read is from before a failover it missed: every slot on a
     master that is gone, whose replica is gone too (nothing listens on their ports)."""
 
     gone = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
     reads = 0
 
-    async def _read_slots(self) -> Any:
-        found = await super()._read_slots()
+    async def read(self) -> Any:
+        found = await super().read()
         self.reads += 1
         if self.reads == 1:
             found.owners = [self.gone[0]] * len(found.owners)
             found.masters, found.nodes = {self.gone[0]}, list(self.gone)
         return found
+
+
+class _StaleFirst(ClusterBatcher):
+    Map = _StaleRead
 
 
 async def test_commands_a_dead_master_could_not_take_go_where_the_seeds_say(
@@ -359,9 +372,11 @@ async def test_commands_a_dead_master_could_not_take_go_where_the_seeds_say(
     keys = [f"k:{uuid.uuid4().hex[:8]}" for _ in range(3)]
     try:
         assert await batcher.submit([("SET", key, key) for key in keys]) == [b"OK"] * 3
-        assert batcher.reads >= 2
+        stale = batcher._map
+        assert isinstance(stale, _StaleRead)
+        assert stale.reads >= 2
         assert await batcher.submit([("GET", key) for key in keys]) == [k.encode() for k in keys]
-        assert not set(batcher.gone) & set(batcher._nodes), "the dead nodes are forgotten"
+        assert not set(stale.gone) & set(batcher._nodes), "the dead nodes are forgotten"
     finally:
         await batcher.stop()
         await client.aclose()
@@ -388,3 +403,19 @@ async def test_a_job_whose_commands_all_fail_leaves_no_error_unread(
         gc.collect()  # an error nobody read is reported when its future is collected
         loop.set_exception_handler(None)
     assert [m for m in unhandled if "never retrieved" in m] == []
+
+
+@pytest.mark.parametrize("scheme", ["redis://", "redis+pubsub://"])
+async def test_debatebus_check_finds_a_workers_heartbeat_on_a_cluster(
+        redis_cluster: RedisClusterServers, scheme: str) -> None:
+    """A worker's beats (a stream entry, or pub/sub's keys), written and read back through the
+    slot map of the cluster; a last beat takes a pub/sub worker's out at once."""
+    url, group = redis_cluster.url.replace("redis://", scheme), f"g-{uuid.uuid4().hex[:8]}"
+    beat = json.dumps({"group": group, "consumer": "c", "timestamp": time.time()}).encode()
+    async with transport_from_url(url) as t:
+        await t.write_heartbeat(group, "c", beat, interval_s=5.0)
+        assert (await latest_heartbeat(url, group) or {}).get("consumer") == "c"
+        assert (await latest_heartbeat(url, group, "c") or {}).get("consumer") == "c"
+        if scheme == "redis+pubsub://":
+            await t.write_heartbeat(group, "c", beat, interval_s=5.0, last=True)
+            assert await latest_heartbeat(url, group) is None

@@ -31,8 +31,8 @@ from debatebus.handlers.contract import HandlerResult
 from debatebus.llm.ratelimit import RateLimit, RateLimitedLLM
 from debatebus.llm.ratelimit_redis import RedisRateLimiter
 from debatebus.observability.observer import Observer, RequestContext, Settlement
+from debatebus.redis import cluster_key
 from debatebus.schemas.envelope import completed_topic, failed_topic
-from debatebus.transports.redis_cluster import cluster_key
 from debatebus.worker import DebateBus
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]

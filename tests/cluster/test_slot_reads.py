@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from debatebus.exceptions import TransportError
-from debatebus.transports.redis_cluster import SlotReads
+from debatebus.transports._redis_reads import SlotReads
 
 
 async def _answer(value: list[str], after: float = 0.0) -> list[str]:

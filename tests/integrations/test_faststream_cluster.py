@@ -15,9 +15,9 @@ from faststream.redis import RedisClusterBroker, StreamSub
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import BusClient
 from debatebus.integrations.faststream import mount
+from debatebus.redis import cluster_key
 from debatebus.schemas.envelope import completed_topic
 from debatebus.transports.base import dlq_topic
-from debatebus.transports.redis_cluster import cluster_key
 from tests.integrations.test_faststream import counting_llm, debate
 from tests.support.cluster import RedisClusterServers
 

@@ -35,16 +35,16 @@ from tests.transports.test_contract import Reader
 import debatebus
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports import transport_from_url
-from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.kafka import (
+from debatebus.transports.base import (
     DELIVERIES_HEADER,
     ORIGIN_OFFSET_HEADER,
     ORIGIN_PARTITION_HEADER,
     REASON_HEADER,
-    SCHEMA_HEADER,
-    KafkaTransport,
-    kafka_topic,
+    Delivery,
+    Outgoing,
+    dlq_topic,
 )
+from debatebus.transports.kafka import SCHEMA_HEADER, KafkaTransport, kafka_topic
 from debatebus.transports.kafka.offsets import Partition
 from debatebus.transports.kafka.readers import time_starts
 

@@ -19,8 +19,8 @@ from tests.transports.test_contract import Reader
 from tests.transports.test_kafka_extra import GROUP_OPTIONS, WAIT, committed
 
 from debatebus.exceptions import MessageTooLargeError, TransportError
-from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.kafka import DELIVERIES_HEADER, KafkaTransport
+from debatebus.transports.base import DELIVERIES_HEADER, Delivery, Outgoing, dlq_topic
+from debatebus.transports.kafka import KafkaTransport
 from debatebus.transports.kafka.errors import producing
 
 pytestmark = pytest.mark.kafka

@@ -21,9 +21,8 @@ from tests.support.servers import RedisServer
 
 from debatebus.checkpoints import CheckpointStore, store_from_url
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.redis import Command, CommandBatcher, build_client, map_redis_errors
 from debatebus.transports import Transport, transport_from_url
-from debatebus.transports.redis_common import Command, build_client, map_redis_errors
-from debatebus.transports.redis_pipeline import CommandBatcher
 
 PUSH = b">3\r\n$10\r\ninvalidate\r\n*1\r\n$2\r\nk3\r\n$-1\r\n"  # a RESP3 push frame
 

@@ -26,9 +26,9 @@ from tests.support.servers import RedisServer, free_port
 from tests.transports.test_contract import Reader
 
 from debatebus.exceptions import TransportError
+from debatebus.redis import transport_error
 from debatebus.transports import transport_from_url
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.redis_common import transport_error
 from debatebus.transports.redis_groups import seat_of
 from debatebus.transports.redis_pubsub import RedisPubSubTransport
 from debatebus.transports.redis_streams import RedisStreamsTransport
@@ -467,7 +467,7 @@ async def test_read_range_pages_through_a_stream(streams: RedisStreamsTransport,
 def test_our_command_packer_writes_what_redis_py_writes() -> None:
     from redis.asyncio.connection import Connection
 
-    from debatebus.transports.redis_common import pack_commands
+    from debatebus.redis._connection import pack_commands
 
     commands = [("MULTI",), ("XADD", "debate:é", "MAXLEN", "~", 1000, "*", b"envelope", b"\x00\xff"),
                 ("XACK", "debate:é", "workers", "1-0", "2-0"), ("EXEC",)]

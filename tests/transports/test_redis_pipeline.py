@@ -15,8 +15,7 @@ from redis.asyncio import Redis
 from tests.support.servers import RedisServer, free_port, wait_for_port
 
 from debatebus.exceptions import TransportError
-from debatebus.transports.redis_common import build_client
-from debatebus.transports.redis_pipeline import CommandBatcher, NotSentError
+from debatebus.redis import CommandBatcher, NotSentError, build_client
 
 pytestmark = pytest.mark.redis
 

@@ -17,7 +17,7 @@ from debatebus.handlers.inputs import DEFAULT_MAX_INPUT_BYTES, MAX_DEPTH_LIMIT
 from debatebus.schemas.cost import DebateCost
 from debatebus.schemas.envelope import Envelope
 from debatebus.schemas.events import EVENT_TYPES, BusEvent
-from debatebus.transports.kafka.names import (
+from debatebus.transports.base import (
     DELIVERIES_HEADER,
     ORIGIN_HEADER,
     ORIGIN_OFFSET_HEADER,

@@ -22,6 +22,7 @@ from debatebus.checkpoints.sqlite import SQLiteCheckpointStore
 from debatebus.exceptions import ConfigError
 from debatebus.redaction import redact
 from debatebus.retention import take_retention
+from debatebus.transports import redis_server_url
 
 if TYPE_CHECKING:
     from debatebus.checkpoints.redis import RedisCheckpointStore
@@ -82,10 +83,11 @@ def store_for_broker(url: str) -> CheckpointStore | None:
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return MemoryCheckpointStore()
-    if scheme in ("redis", "rediss", "redis+pubsub", "rediss+pubsub"):
+    server = redis_server_url(url)
+    if server is not None:
         from debatebus.checkpoints.redis import RedisCheckpointStore
 
-        return RedisCheckpointStore(scheme.removesuffix("+pubsub") + url[len(scheme):])
+        return RedisCheckpointStore(server)
     if scheme == "kafka":
         return None
     # The scheme only: the rest of a broker URL may hold a password.

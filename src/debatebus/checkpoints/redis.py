@@ -28,9 +28,9 @@ import asyncio
 import contextlib
 import functools
 import math
-from typing import Any, Literal
+from typing import Any
 
-from redis.commands.core import AsyncScript
+from redis.asyncio import Redis
 
 from debatebus.checkpoints._common import lease_ttl_ms, marker_ms, not_begun
 from debatebus.checkpoints.base import (
@@ -43,13 +43,14 @@ from debatebus.checkpoints.base import (
     StoredCheckpoint,
     require_entries,
 )
-from debatebus.loops import SharedCall
-from debatebus.transports.redis_cluster import Batcher, evalsha, make_batcher
-from debatebus.transports.redis_common import (
+from debatebus.redis import (
+    Batcher,
     RedisClient,
+    Script,
     build_client,
     connect_check,
     describe,
+    make_batcher,
     redis_call,
     seed_names,
     url_or_given,
@@ -60,14 +61,14 @@ __all__ = ["RedisCheckpointStore"]
 _PLAIN, _COUNTED = b"e", b"c"
 
 # An expiry of '' means none: kept forever.
-_BEGIN = """
+_BEGIN = Script("""
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('RPUSH', KEYS[1], ARGV[1])
   if ARGV[2] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 end
 return redis.call('LINDEX', KEYS[1], 0)
-"""
-_ACQUIRE = """
+""")
+_ACQUIRE = Script("""
 local current = redis.call('GET', KEYS[1])
 if current == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -78,11 +79,11 @@ if current == ARGV[1] then
   return 1
 end
 return 0
-"""
+""")
 # start(): result if finished; else take (or extend our own) lease, write the header if absent and
 # return what is committed and whether an earlier result expired (the finished marker outlived
 # it); else report the other owner's lease. One round trip per delivery.
-_START = """
+_START = Script("""
 local result = redis.call('GET', KEYS[1])
 if result then return {1, result} end
 local current = redis.call('GET', KEYS[2])
@@ -95,10 +96,10 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   return {0, {ARGV[3]}, expired}
 end
 return {0, redis.call('LRANGE', KEYS[3], 0, -1), expired}
-"""
+""")
 # finish(): the result and its finished marker, the checkpoint it supersedes gone, and our lease
 # released, atomically.
-_FINISH = """
+_FINISH = Script("""
 if ARGV[3] == '' then
   redis.call('SET', KEYS[1], ARGV[1])
   redis.call('SET', KEYS[4], '1')
@@ -109,15 +110,15 @@ end
 redis.call('DEL', KEYS[3])
 if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
 return 1
-"""
-_RENEW = """
+""")
+_RENEW = Script("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
-"""
-_RELEASE = """
+""")
+_RELEASE = Script("""
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
+""")
 
 
 def _tagged(entries: list[bytes], counters: Counters) -> list[bytes]:
@@ -153,19 +154,6 @@ def _px(keep_ms: int | None) -> int | str:
     return "" if keep_ms is None else keep_ms
 
 
-class _Scripts:
-    """The Lua scripts (text and SHA), loaded when the store connects, and again by the first
-    commands that find Redis forgot them (it restarted). Every call goes through the batcher."""
-
-    def __init__(self, client: RedisClient) -> None:
-        self.begin: AsyncScript = client.register_script(_BEGIN)
-        self.acquire: AsyncScript = client.register_script(_ACQUIRE)
-        self.renew: AsyncScript = client.register_script(_RENEW)
-        self.release: AsyncScript = client.register_script(_RELEASE)
-        self.start: AsyncScript = client.register_script(_START)
-        self.finish: AsyncScript = client.register_script(_FINISH)
-
-
 class RedisCheckpointStore(CheckpointStore):
     """Checkpoints on Redis. ``url_or_client``: a ``redis://``/``rediss://`` URL (the store owns
     and closes its client) or a ``redis.asyncio.Redis`` built with ``decode_responses=False``
@@ -188,17 +176,16 @@ class RedisCheckpointStore(CheckpointStore):
         self._connect_timeout = connect_timeout
         self.timeout_s = timeout_s
         self._where = describe(self._url, self._given)
-        self._conn: tuple[RedisClient, _Scripts] | None = None
+        self._conn: RedisClient | None = None
         self._connecting = asyncio.Lock()
         self._batch: Batcher | None = None
-        self._reload_scripts = SharedCall(self._load_scripts_again)
 
     # ---- plumbing -----------------------------------------------------------------------------
 
     async def connect(self) -> None:
         await self._client()
 
-    async def _client(self) -> tuple[RedisClient, _Scripts]:
+    async def _client(self) -> RedisClient:
         if self._conn is not None:
             return self._conn
         async with self._connecting:  # the first debates of a worker all arrive here at once
@@ -206,32 +193,23 @@ class RedisCheckpointStore(CheckpointStore):
                 self._conn = await self._open()
             return self._conn
 
-    async def _open(self) -> tuple[RedisClient, _Scripts]:
+    async def _open(self) -> RedisClient:
         client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
+        # The hot-path commands go through the transports' batcher: every call made by any
+        # debate in one loop tick is one pipelined round trip.
+        batch = make_batcher(client, self._where, timeout=self.timeout_s,
+                             seeds=seed_names(self._url))
+        batch.start()
         try:
             # Fail at startup, with a clear message, not mid-debate.
-            await connect_check(client, self._where, self.timeout_s)
-            scripts = _Scripts(client)
-            await self._load_scripts(client, scripts)
+            await connect_check(batch, self._where, self.timeout_s)
         except BaseException:
+            await batch.stop()
             if self._given is None:
                 await client.aclose()
             raise
-        # The hot-path commands go through the transports' batcher: every call made by any
-        # debate in one loop tick is one pipelined round trip.
-        self._batch = make_batcher(client, self._where, timeout=self.timeout_s,
-                                   seeds=seed_names(self._url))
-        self._batch.start()
-        return client, scripts
-
-    async def _load_scripts(self, client: RedisClient, scripts: _Scripts) -> None:
-        async with self._bounded():  # batched calls send EVALSHA only
-            for script in (scripts.begin, scripts.acquire, scripts.renew, scripts.release,
-                           scripts.start, scripts.finish):
-                script.sha = await client.script_load(script.script)
-
-    async def _load_scripts_again(self) -> None:
-        await self._load_scripts(*await self._client())
+        self._batch = batch
+        return client
 
     async def close(self) -> None:
         batch, self._batch = self._batch, None
@@ -239,7 +217,7 @@ class RedisCheckpointStore(CheckpointStore):
             await batch.stop()
         conn, self._conn = self._conn, None
         if conn is not None and self._given is None:
-            await conn[0].aclose()
+            await conn.aclose()
 
     def _bounded(self) -> contextlib.AbstractAsyncContextManager[None]:
         """A call that is not batched (the batcher bounds its own pipelines by ``timeout_s``)."""
@@ -258,18 +236,24 @@ class RedisCheckpointStore(CheckpointStore):
         return f"{self.prefix}:{{{debate_id}}}:done"
 
     async def _send(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """Send commands in one round trip, as one MULTI/EXEC (nothing interleaved)."""
-        redis, _ = await self._client()
-        async with self._bounded(), redis.pipeline(transaction=True) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            return await pipe.execute()
+        """Send commands of one debate in one round trip, as one MULTI/EXEC (nothing
+        interleaved), to the server holding its keys (on a cluster, its master)."""
+
+        async def transaction(redis: Redis) -> list[Any]:
+            async with redis.pipeline(transaction=True) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                return await pipe.execute()
+
+        batch = self._batch or await self._batcher()
+        async with self._bounded():
+            return await batch.on_master(str(commands[0][1]), transaction)
 
     # ---- checkpoints --------------------------------------------------------------------------
 
     async def begin(self, debate_id: str, header: bytes, *,
                     retention_s: float | None = None) -> bytes:
-        return bytes(await self._batched("begin", [self._key(debate_id)],
+        return bytes(await self._batched(_BEGIN, [self._key(debate_id)],
                                          [header, _px(self.keep_ms(retention_s))]))
 
     async def append(self, debate_id: str, entry: bytes, counters: Counters, *,
@@ -283,9 +267,14 @@ class RedisCheckpointStore(CheckpointStore):
     async def size_bytes(self, debate_id: str) -> int:
         # What the server really spends (keys, encodings, allocator overhead), not payload bytes:
         # this is what capacity planning needs. SAMPLES 0 counts every list element exactly.
-        redis, _ = await self._client()
+        key = self._key(debate_id)
+
+        async def usage(redis: Redis) -> Any:
+            return await redis.memory_usage(key, samples=0)
+
+        batch = self._batch or await self._batcher()
         async with self._bounded():
-            size = await redis.memory_usage(self._key(debate_id), samples=0)
+            size = await batch.on_master(key, usage)
         return int(size or 0)
 
     # ---- results ------------------------------------------------------------------------------
@@ -318,13 +307,13 @@ class RedisCheckpointStore(CheckpointStore):
     # ---- leases -------------------------------------------------------------------------------
 
     async def acquire_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
-        return await self._lease_script("acquire", debate_id, owner, lease_ttl_ms(ttl_s))
+        return await self._lease_script(_ACQUIRE, debate_id, owner, lease_ttl_ms(ttl_s))
 
     async def renew_lease(self, debate_id: str, owner: str, ttl_s: float) -> bool:
-        return await self._lease_script("renew", debate_id, owner, lease_ttl_ms(ttl_s))
+        return await self._lease_script(_RENEW, debate_id, owner, lease_ttl_ms(ttl_s))
 
     async def release_lease(self, debate_id: str, owner: str) -> None:
-        await self._lease_script("release", debate_id, owner)
+        await self._lease_script(_RELEASE, debate_id, owner)
 
     async def _batcher(self) -> Batcher:
         """The batcher for hot-path commands: every store call made in one loop tick is sent as
@@ -338,16 +327,12 @@ class RedisCheckpointStore(CheckpointStore):
         not atomic; on a cluster, each to its key's master)."""
         return await (self._batch or await self._batcher()).submit(commands)
 
-    async def _batched(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        """A hot-path script call (EVALSHA), pipelined like every other hot-path command."""
-        _, scripts = self._conn or await self._client()
-        command = ("EVALSHA", getattr(scripts, name).sha, len(keys), *keys, *args)
-        return await evalsha(self._batch or await self._batcher(), command, self._reload_scripts)
+    async def _batched(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """A hot-path script call, pipelined like every other hot-path command."""
+        return await script.run(self._batch or await self._batcher(), keys, args)
 
-    async def _lease_script(
-        self, name: Literal["acquire", "renew", "release"], debate_id: str, owner: str, *args: int
-    ) -> bool:
-        return bool(await self._batched(name, [self._lease_key(debate_id)], [owner, *args]))
+    async def _lease_script(self, script: Script, debate_id: str, owner: str, *args: int) -> bool:
+        return bool(await self._batched(script, [self._lease_key(debate_id)], [owner, *args]))
 
     # ---- composite steps: one round trip each ---------------------------------------------------
 
@@ -357,7 +342,7 @@ class RedisCheckpointStore(CheckpointStore):
 
     async def start(self, debate_id: str, owner: str, ttl_s: float, header: bytes, *,
                     retention_s: float | None = None) -> Opening:
-        reply = await self._batched("start", self._all_keys(debate_id),
+        reply = await self._batched(_START, self._all_keys(debate_id),
                                     [owner, lease_ttl_ms(ttl_s), header,
                                      _px(self.keep_ms(retention_s))])
         if reply[0] == 1:
@@ -384,7 +369,7 @@ class RedisCheckpointStore(CheckpointStore):
     async def finish(self, debate_id: str, owner: str, result: bytes, *,
                      retention_s: float | None = None) -> None:
         keep = self.keep_ms(retention_s)
-        await self._batched("finish", self._all_keys(debate_id),
+        await self._batched(_FINISH, self._all_keys(debate_id),
                             [result, owner, _px(keep), _px(marker_ms(keep))])
 
     async def get_lease(self, debate_id: str) -> Lease | None:

@@ -26,7 +26,6 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TextIO
-from urllib.parse import urlsplit
 
 from debatebus.cli.common import broker_url, load_attribute, positive_int
 from debatebus.client import BusClient
@@ -58,6 +57,7 @@ from debatebus.llm.base import LLM
 from debatebus.llm.rate_limits import with_rate_limits
 from debatebus.llm.registry import DEFAULT_SPEC, ENV_VAR, resolve_llm
 from debatebus.redaction import redact
+from debatebus.transports import redis_server_url
 
 __all__ = ["ITEMS_FILE", "ProgressBar", "add_parser", "run"]
 
@@ -163,8 +163,12 @@ class _Model:
     def __call__(self) -> LLM:
         if self._llm is None:
             self._llm = with_rate_limits(resolve_llm(self.spec),
-                                         redis_url=_redis_of(self.broker))
+                                         redis_url=self._redis())
         return self._llm
+
+    def _redis(self) -> str | None:
+        """The shared rate limits' Redis: the broker's, when it is Redis."""
+        return None if self.broker is None else redis_server_url(self.broker)
 
     @property
     def used(self) -> bool:
@@ -186,15 +190,6 @@ def _dataset(args: argparse.Namespace) -> Dataset:
     if args.instruction is not None:
         dataset = Dataset(dataset.name, dataset.items, dataset.source, args.instruction)
     return dataset
-
-
-def _redis_of(broker: str | None) -> str | None:
-    if broker is None:
-        return None
-    scheme = urlsplit(broker).scheme
-    if scheme not in ("redis", "rediss", "redis+pubsub", "rediss+pubsub"):
-        return None
-    return scheme.removesuffix("+pubsub") + broker[len(scheme):]
 
 
 def _grader(args: argparse.Namespace, model: _Model) -> Grader:

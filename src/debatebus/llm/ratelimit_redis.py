@@ -26,14 +26,13 @@ from debatebus.llm.ratelimit import (
     WaitObserver,
 )
 from debatebus.llm.spend import SpendLimit, SpendLimiter, Window
-from debatebus.loops import SharedCall
-from debatebus.transports.redis_cluster import Batcher, evalsha, make_batcher
-from debatebus.transports.redis_common import (
+from debatebus.redis import (
+    Batcher,
     RedisClient,
+    Script,
     build_client,
     describe,
-    redis_call,
-    script_sha,
+    make_batcher,
     seed_names,
     url_or_given,
 )
@@ -43,7 +42,7 @@ __all__ = ["RedisRateLimiter", "RedisSpendLimiter"]
 # ARGV: op, request rate (per ms), request capacity, token rate (per ms), token capacity,
 # max_concurrent (0: none), then the op's own arguments. Replies with the ms worth waiting
 # (a string, to keep the fraction), "0" when granted or done.
-_SCRIPT = """
+_SCRIPT = Script("""
 local bucket, holders = KEYS[1], KEYS[2]
 local op = ARGV[1]
 local req_rate, req_cap = tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -104,10 +103,10 @@ if max_conc > 0 then
   redis.call('PEXPIRE', holders, lease)
 end
 return '0'
-"""
+""")
 # KEYS[1]: the limit's hash. ARGV: op ("get" or "add"), the window (ms), the amount added. Replies
 # with what the current window has spent and the ms until it ends (strings, to keep fractions).
-_SPEND_SCRIPT = """
+_SPEND_SCRIPT = Script("""
 local key, op, window = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -122,7 +121,7 @@ if op == 'add' then
   redis.call('PEXPIRE', key, math.ceil(left) + 1000)
 end
 return {string.format('%.17g', spent), string.format('%.17g', left)}
-"""
+""")
 
 
 class _Scripts:
@@ -130,17 +129,15 @@ class _Scripts:
     pipelined with every other of this loop tick and bounded by ``timeout_s``; Redis errors raise
     ``TransportError``."""
 
-    def __init__(self, url_or_client: str | RedisClient, script: str, *,
+    def __init__(self, url_or_client: str | RedisClient, script: Script, *,
                  connect_timeout: float, timeout_s: float) -> None:
         self._url, self._given = url_or_given(url_or_client)
         self._where = describe(self._url, self._given)
         self._script = script
-        self._sha = script_sha(script)
         self._connect_timeout = connect_timeout
         self._timeout_s = timeout_s
         self._client: RedisClient | None = None
         self._batch: Batcher | None = None
-        self._load_script = SharedCall(self._load)
 
     def _batcher(self) -> Batcher:
         if self._batch is None:
@@ -154,14 +151,7 @@ class _Scripts:
     async def run(self, keys: tuple[str, ...], *args: float | int | str) -> Any:
         """The script's reply for ``keys`` and ``args`` (a burst of calls ending at once settles
         in a round trip or two, over one connection)."""
-        command = ("EVALSHA", self._sha, len(keys), *keys, *args)
-        return await evalsha(self._batcher(), command, self._load_script)
-
-    async def _load(self) -> None:
-        client = self._client
-        assert client is not None  # the batcher that found the script missing made it
-        async with redis_call(self._where, self._timeout_s):
-            await client.script_load(self._script)
+        return await self._script.run(self._batcher(), keys, args)
 
     async def close(self) -> None:
         batch, self._batch = self._batch, None

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
+from debatebus.backoff import full_jitter
 from debatebus.exceptions import LLMError, LLMRateLimitError, LLMResponseError, LLMTimeoutError
 from debatebus.redaction import redact
 
@@ -220,8 +221,7 @@ class RetryPolicy:
         exponential backoff."""
         if retry_after is not None:
             return retry_after
-        # Full jitter (AWS architecture blog): spreads clients that failed together.
-        return self.jitter() * min(self.max_delay, self.base_delay * 2.0**retry_index)
+        return full_jitter(retry_index, self.base_delay, self.max_delay, self.jitter)
 
 
 class _Budget:

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 from debatebus.exceptions import ConfigError, NotSupportedError, TransportError
 from debatebus.redaction import redact
+from debatebus.transports import redis_server_url
 from debatebus.transports.base import (
     HEARTBEAT_STREAM_MAXLEN as STREAM_MAXLEN,
 )
@@ -50,7 +51,7 @@ from debatebus.transports.base import (
 )
 
 if TYPE_CHECKING:
-    from debatebus.transports.redis_common import RedisClient
+    from debatebus.redis import Batcher
 
 __all__ = [
     "HEARTBEAT_TOPIC",
@@ -66,7 +67,6 @@ log = logging.getLogger("debatebus.heartbeat")
 #: How far back to look for a group's newest beat among other groups' beats: pages of _PAGE.
 _PAGE: Final = 100
 _MAX_PAGES: Final = 10
-_REDIS_SCHEMES: Final = ("redis", "rediss", "redis+pubsub", "rediss+pubsub")
 #: The most of a check's time kept for closing its connections (seconds).
 _CLOSE_S: Final = 0.5
 
@@ -183,8 +183,9 @@ async def latest_heartbeat(url: str, group: str, consumer: str | None = None, *,
     included; ``TimeoutError`` past it."""
     scheme = urlsplit(url).scheme
     deadline = asyncio.get_running_loop().time() + timeout
-    if scheme in _REDIS_SCHEMES:
-        return await _redis_latest(url.replace("+pubsub", "", 1), group, consumer, deadline)
+    server = redis_server_url(url)
+    if server is not None:
+        return await _redis_latest(server, group, consumer, deadline)
     if scheme == "kafka":
         from debatebus.transports.kafka.settings import url_options
 
@@ -212,27 +213,34 @@ async def _bounded(deadline: float, work: Callable[[], Awaitable[Beat | None]],
 
 async def _redis_latest(url: str, group: str, consumer: str | None,
                         deadline: float) -> Beat | None:
-    from debatebus.transports.redis_common import build_client, describe, map_redis_errors
+    from debatebus.redis import build_client, describe, make_batcher, seed_names
 
     left = deadline - asyncio.get_running_loop().time()
     client = build_client(url, connect_timeout=max(0.1, min(5.0, left)))
+    batch = make_batcher(client, describe(url), timeout=max(0.1, left), seeds=seed_names(url))
+    batch.start()
 
     async def newest() -> Beat | None:
-        with map_redis_errors(describe(url)):
-            raw = await client.get(heartbeat_key(group, consumer))
-            from_key = _Live(group, consumer).pick(_decode(raw))
-            return _newest([from_key, await _scan_stream(client, _Live(group, consumer))])
+        [raw] = await batch.submit([("GET", heartbeat_key(group, consumer))])
+        from_key = _Live(group, consumer).pick(_decode(raw))
+        return _newest([from_key, await _scan_stream(batch, _Live(group, consumer))])
 
-    return await _bounded(deadline, newest, client.aclose)
+    async def close() -> None:
+        await batch.stop()
+        await client.aclose()
+
+    return await _bounded(deadline, newest, close)
 
 
-async def _scan_stream(client: RedisClient, live: _Live) -> Beat | None:
+async def _scan_stream(batch: Batcher, live: _Live) -> Beat | None:
     """Newest first, page by page: other groups' beats may sit on top of this group's."""
+    from debatebus.transports.redis_entries import ENVELOPE, field_map
+
     end = "+"
     for _ in range(_MAX_PAGES):
-        entries: Any = await client.xrevrange(HEARTBEAT_TOPIC, end, "-", count=_PAGE)
+        [entries] = await batch.submit([("XREVRANGE", HEARTBEAT_TOPIC, end, "-", "COUNT", _PAGE)])
         for _id, fields in entries:
-            beat = live.pick(_decode(fields.get(b"envelope")))
+            beat = live.pick(_decode(field_map(fields).get(ENVELOPE)))
             if beat is not None or live.done:
                 return beat
         if len(entries) < _PAGE:

@@ -23,6 +23,7 @@ __all__ = [
     "Transport",
     "broker_url",
     "dlq_topic",
+    "redis_server_url",
     "transport_from_url",
 ]
 
@@ -30,6 +31,21 @@ __all__ = [
 DEFAULT_BROKER: Final = "redis://localhost:6379/0"
 
 SCHEMES = ("memory://", "redis://", "rediss://", "redis+pubsub://", "rediss+pubsub://", "kafka://")
+#: Redis Streams' schemes, and Redis pub/sub's: the same server behind a ``+pubsub``.
+_REDIS_SCHEMES: Final = ("redis", "rediss")
+_PUBSUB: Final = "+pubsub"
+
+
+def redis_server_url(url: str) -> str | None:
+    """The ``redis://`` (``rediss://``) URL of the Redis server a broker URL names, or None when
+    it names no Redis: a pub/sub URL (``redis+pubsub://…``) names the same server, db and options
+    as the Streams URL without its ``+pubsub``."""
+    scheme = urlsplit(url).scheme
+    if scheme in _REDIS_SCHEMES:
+        return url
+    if scheme.removesuffix(_PUBSUB) in _REDIS_SCHEMES and scheme.endswith(_PUBSUB):
+        return scheme.removesuffix(_PUBSUB) + url[len(scheme):]
+    return None
 
 
 def _bad_url(url: str, why: object) -> ConfigError:
@@ -63,14 +79,15 @@ def transport_from_url(url: str, **options: Any) -> Transport:
     scheme = _scheme(url)
     if scheme == "memory":
         return MemoryTransport(options.pop("broker", None))
-    if scheme in ("redis", "rediss"):
+    server = redis_server_url(url)
+    if server is not None and scheme in _REDIS_SCHEMES:
         from debatebus.transports.redis_streams import RedisStreamsTransport
 
-        return RedisStreamsTransport(url, **options)
-    if scheme in ("redis+pubsub", "rediss+pubsub"):
+        return RedisStreamsTransport(server, **options)
+    if server is not None:
         from debatebus.transports.redis_pubsub import RedisPubSubTransport
 
-        return RedisPubSubTransport(url.replace("+pubsub", "", 1), **options)
+        return RedisPubSubTransport(server, **options)
     if scheme == "kafka":
         from debatebus.transports.kafka import KafkaTransport
         from debatebus.transports.kafka.settings import url_options

@@ -23,7 +23,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any, ClassVar, Final, Literal, Self
 
 from debatebus.exceptions import ConfigError, NotSupportedError
@@ -34,6 +34,7 @@ __all__ = [
     "DELIVERIES_HEADER",
     "HEARTBEAT_STREAM_MAXLEN",
     "HEARTBEAT_TOPIC",
+    "NO_HEADERS",
     "ORIGIN_HEADER",
     "ORIGIN_ID_HEADER",
     "ORIGIN_OFFSET_HEADER",
@@ -53,11 +54,11 @@ __all__ = [
 
 #: A dead letter's header (Redis Streams: its ``reason`` field) saying why it was dead-lettered.
 REASON_HEADER: Final = "x-debatebus-reason"
-#: A dead letter's header (Redis Streams: its ``origin`` field) naming the topic it came from.
 #: On a result or dead letter published although its request had vanished from the broker before
 #: it was settled (Redis restarted without its data, or the entry trimmed while it ran): the
 #: request cannot be acknowledged, nobody else can answer it, so its answer goes out marked.
 RECOVERED_HEADER: Final = "x-debatebus-recovered"
+#: A dead letter's header (Redis Streams: its ``origin`` field) naming the topic it came from.
 ORIGIN_HEADER: Final = "x-debatebus-origin"
 #: Where in its origin a dead letter was: the entry id (Redis Streams: its ``originId`` field)...
 ORIGIN_ID_HEADER: Final = "x-debatebus-origin-id"
@@ -67,6 +68,8 @@ ORIGIN_OFFSET_HEADER: Final = "x-debatebus-origin-offset"
 #: How many times a dead letter had been delivered (Redis Streams: its ``deliveries`` field).
 #: Never trusted as a count: Kafka drops it from consumed records.
 DELIVERIES_HEADER: Final = "x-debatebus-deliveries"
+#: Shared by every delivery without headers: one less dict per message.
+NO_HEADERS: Mapping[str, str] = MappingProxyType({})
 #: Every header dead-lettering adds to a message; ``request_headers`` takes them off again.
 DEAD_LETTER_HEADERS: Final = frozenset({REASON_HEADER, ORIGIN_HEADER, ORIGIN_ID_HEADER,
                                         ORIGIN_PARTITION_HEADER, ORIGIN_OFFSET_HEADER,

@@ -10,26 +10,25 @@ from typing import Any
 
 import msgspec
 
+from debatebus.redis import Script
 from debatebus.transports.base import (
     DELIVERIES_HEADER,
+    NO_HEADERS,
     ORIGIN_HEADER,
     ORIGIN_ID_HEADER,
     REASON_HEADER,
     Delivery,
 )
-from debatebus.transports.redis_common import NO_HEADERS, script_sha
 
 __all__ = [
-    "DELIVERIES_HEADER",
     "DLQ_FIELDS",
     "ENVELOPE",
     "HEADERS",
     "KEY",
-    "ORIGIN_ID_HEADER",
     "SETTLE",
-    "SETTLE_SHA",
     "body_of",
     "entry_to_delivery",
+    "field_map",
     "headers_of",
     "message_fields",
     "stream_entries",
@@ -51,7 +50,7 @@ DLQ_FIELDS = {b"reason": REASON_HEADER, b"origin": ORIGIN_HEADER,
 # then per output stream: the number of field/value arguments, those arguments.
 # Redis Cluster: a script's keys must share one hash slot, so a request stream, its result streams
 # and its dead-letter stream must be hash-tagged alike there.
-SETTLE = """
+SETTLE = Script("""
 local pending = redis.pcall('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if type(pending) == 'table' and pending['err'] then
   if string.find(pending['err'], 'NOGROUP', 1, true) then return -1 end
@@ -79,8 +78,7 @@ for i = 2, #KEYS do
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 return 1
-"""
-SETTLE_SHA = script_sha(SETTLE)
+""")
 
 _encode_headers = msgspec.json.Encoder().encode
 _decode_headers = msgspec.json.Decoder(dict[str, str]).decode
@@ -99,6 +97,12 @@ def entry_to_delivery(topic: str, entry_id: bytes | str, fields: Mapping[bytes, 
                     key.decode(errors="replace") if key is not None else None,
                     headers_of(fields), token,
                     malformed=None if body is not None else _no_envelope(fields))
+
+
+def field_map(fields: list[bytes]) -> dict[bytes, bytes]:
+    """An entry's fields as the batcher reads them (RESP2: ``[name, value, name, value…]``) →
+    name → value, as redis-py's commands hand them back."""
+    return dict(zip(fields[::2], fields[1::2], strict=True))
 
 
 def _no_envelope(fields: Mapping[bytes, bytes]) -> str:

@@ -15,16 +15,19 @@ import functools
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
 
 from debatebus.exceptions import ConfigError, TransportError
+from debatebus.redis import Batcher, Command, RedisClient, by_slot, redis_call
+from debatebus.transports._redis_reads import ReadTracker, SlotReads, log
 from debatebus.transports.base import RECOVERED_HEADER, Delivery
-from debatebus.transports.redis_cluster import SlotReads, by_slot
-from debatebus.transports.redis_common import Command, ReadTracker, RedisClient, log, redis_call
 from debatebus.transports.redis_entries import entry_to_delivery, stream_entries
 
 __all__ = ["NOT_CONNECTED", "ConsumerGroups", "Seat", "StreamsLink", "seat_of"]
 
+T = TypeVar("T")
 NOT_CONNECTED = "the Redis transport is not connected: call connect() or use async with"
 
 
@@ -36,19 +39,29 @@ class StreamsLink:
     timeout: float  # bounds every call; blocking reads get their block on top
     block_ms: int
     cluster: bool
-    #: A topic's stream key (one rule for every command: ``redis_cluster.cluster_key``).
+    #: A topic's stream key (one rule for every command: ``debatebus.redis.stream_key_rule``).
     key: Callable[[str], str]
     client: RedisClient | None = None
+    #: Every command goes through it: pipelined, or (``on``) on the client of the server that
+    #: holds its key; on a cluster both route by the one slot map.
+    batcher: Batcher | None = None
     closed: bool = False
     reads: ReadTracker = field(default_factory=ReadTracker)
 
-    def redis(self) -> RedisClient:
-        if self.client is None or self.closed:
+    def batch(self) -> Batcher:
+        if self.batcher is None or self.closed:
             raise TransportError(NOT_CONNECTED)
-        return self.client
+        return self.batcher
 
     def call(self, blocking_ms: int = 0) -> contextlib.AbstractAsyncContextManager[None]:
         return redis_call(self.where, self.timeout + blocking_ms / 1000)
+
+    async def on(self, key: str, call: Callable[[Redis], Awaitable[T]], blocking_ms: int = 0) -> T:
+        """``call`` on the client of the server (a cluster's master) holding ``key``: what the
+        batcher's pipelines cannot carry (blocking reads, redis-py's reply parsing); bounded by
+        the timeout (and ``blocking_ms``), its errors mapped."""
+        async with self.call(blocking_ms):
+            return await self.batch().on_master(key, call)
 
 
 @dataclass(slots=True, eq=False)
@@ -135,9 +148,7 @@ class ConsumerGroups:
     async def _ensure_groups(self, seats: Iterable[Seat]) -> None:
         for seat in seats:
             try:
-                async with self._link.call():
-                    await self._link.redis().xgroup_create(seat.key, seat.group, id="0",
-                                                           mkstream=True)
+                await self._link.on(seat.key, functools.partial(_create_group, seat))
             except TransportError as e:
                 if "BUSYGROUP" not in str(e.__cause__):
                     raise
@@ -204,11 +215,13 @@ class ConsumerGroups:
     async def _read_new(self, seats: list[Seat], prefetch: int) -> list[Delivery]:
         streams = {seat.key: ">" for seat in seats}
         seat = seats[0]
+
+        async def read(redis: Redis) -> Any:
+            return await redis.xreadgroup(seat.group, seat.consumer, streams,  # type: ignore[arg-type]
+                                          count=prefetch, block=self._link.block_ms)
+
         with self._link.reads.reading():
-            async with self._link.call(self._link.block_ms):
-                reply = await self._link.redis().xreadgroup(
-                    seat.group, seat.consumer, streams,  # type: ignore[arg-type]
-                    count=prefetch, block=self._link.block_ms)
+            reply = await self._link.on(seat.key, read, self._link.block_ms)
         return self._deliveries(seats, reply)
 
     def _deliveries(self, seats: list[Seat], reply: Any) -> list[Delivery]:
@@ -258,9 +271,7 @@ class ConsumerGroups:
             cursor = reply[0]
             fresh: list[Any] = [i for i in map(_text, reply[1]) if i not in seat.inflight]
             if fresh:
-                async with self._link.call():
-                    entries: Any = await self._link.redis().xclaim(
-                        seat.key, seat.group, seat.consumer, 0, fresh)
+                entries = await self._link.on(seat.key, functools.partial(_claim, seat, fresh))
                 claimed += ((_text(entry_id), fields) for entry_id, fields in entries
                             if entry_id is not None and fields is not None)  # not deleted
             if cursor in (b"0-0", "0-0"):
@@ -269,11 +280,14 @@ class ConsumerGroups:
 
     async def _delivery_counts(self, seat: Seat, ids: list[str]) -> dict[str, int]:
         """XAUTOCLAIM does not report delivery counts; XPENDING does, one id at a time."""
-        pipe = self._link.redis().pipeline(transaction=False)
-        for ident in ids:
-            pipe.xpending_range(seat.key, seat.group, ident, ident, 1, seat.consumer)
-        async with self._link.call():
-            replies: list[Any] = await pipe.execute()
+
+        async def pending(redis: Redis) -> list[Any]:
+            pipe = redis.pipeline(transaction=False)
+            for ident in ids:
+                pipe.xpending_range(seat.key, seat.group, ident, ident, 1, seat.consumer)
+            return await pipe.execute()
+
+        replies = await self._link.on(seat.key, pending)
         counts: dict[str, int] = {}
         for ident, reply in zip(ids, replies, strict=True):
             if reply:
@@ -281,11 +295,11 @@ class ConsumerGroups:
         return counts
 
     async def _refresh(self, held: Mapping[Seat, Iterable[str]]) -> None:
-        # XCLAIM … JUSTID resets the idle time without counting a delivery.
-        pipe = self._link.redis().pipeline(transaction=False)
-        for seat, ids in held.items():
-            pipe.xclaim(seat.key, seat.group, seat.consumer, 0, list(ids), justid=True)
-        await pipe.execute(raise_on_error=False)
+        """XCLAIM … JUSTID resets the idle time without counting a delivery: one pipeline per
+        hash slot (on a cluster, each to its master)."""
+        seats = list(held)
+        for part in by_slot(seats, _key_of) if self._link.cluster else [seats]:
+            await self._link.on(part[0].key, functools.partial(_keep, {s: held[s] for s in part}))
 
     async def _keep_claims(self) -> None:
         """Keep everything this process holds — handed out or still buffered — from looking
@@ -300,8 +314,7 @@ class ConsumerGroups:
             if not held:
                 continue
             try:
-                async with self._link.call():
-                    await self._refresh(held)
+                await self._refresh(held)
             except Exception as e:  # whatever it is, the next round may get through
                 if not failing:
                     log.warning("cannot keep held entries alive: they may be reclaimed by another "
@@ -313,6 +326,21 @@ class ConsumerGroups:
                 log.info("Redis at %s answers again: held entries are kept alive again",
                          self._link.where)
             failing = False
+
+
+async def _create_group(seat: Seat, redis: Redis) -> Any:
+    return await redis.xgroup_create(seat.key, seat.group, id="0", mkstream=True)
+
+
+async def _claim(seat: Seat, ids: list[Any], redis: Redis) -> Any:
+    return await redis.xclaim(seat.key, seat.group, seat.consumer, 0, ids)
+
+
+async def _keep(held: Mapping[Seat, Iterable[str]], redis: Redis) -> None:
+    pipe = redis.pipeline(transaction=False)
+    for seat, ids in held.items():
+        pipe.xclaim(seat.key, seat.group, seat.consumer, 0, list(ids), justid=True)
+    await pipe.execute(raise_on_error=False)
 
 
 def _text(entry_id: bytes | str) -> str:

@@ -49,34 +49,34 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
+from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from debatebus.backoff import redelivery_delay
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.retention import (
-    DEFAULT_RETENTION_S,
-    TOPIC_RETENTION_PARAM,
-    retention_ms,
-    take_retention,
-)
-from debatebus.transports.base import Delivery, Outgoing, Transport, heartbeat_key
-from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
-from debatebus.transports.redis_cluster import Batcher, make_batcher
-from debatebus.transports.redis_common import (
-    NO_HEADERS,
-    ReadTracker,
+from debatebus.redis import (
+    Batcher,
     RedisClient,
+    Script,
     build_client,
     check_client,
     cluster_url,
     connect_check,
     describe,
     is_cluster,
-    log,
-    merge,
+    make_batcher,
     redis_call,
     seed_names,
 )
+from debatebus.retention import (
+    DEFAULT_RETENTION_S,
+    TOPIC_RETENTION_PARAM,
+    retention_ms,
+    take_retention,
+)
+from debatebus.transports._redis_reads import ReadTracker, log, merge
+from debatebus.transports.base import NO_HEADERS, Delivery, Outgoing, Transport, heartbeat_key
+from debatebus.transports.dialect import DEBATEBUS_WIRE, WireDialect
 from debatebus.transports.redis_streams import RedisStreamsTransport
 from debatebus.transports.synkro import SYNKRO_DEFAULTS, SynkroDialect, SynkroSettings
 
@@ -126,6 +126,8 @@ class RedisPubSubTransport(Transport):
         self._requeued: dict[tuple[str, ...], deque[Delivery]] = {}
         self._closed = False
         self._db_told = False
+        #: The beat last written for each (group, consumer): what a last beat takes back.
+        self._beats: dict[tuple[str, str], bytes] = {}
         cluster = is_cluster(client) if client is not None else cluster_url(url)
         self._synkro = (SynkroDialect(synkro, lambda: self._parts()[1], cluster=cluster)
                         if synkro is not None else None)
@@ -139,16 +141,22 @@ class RedisPubSubTransport(Transport):
             return
         if self._client is None:
             self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        await connect_check(self._client, self._where, self._timeout)
+        batcher = make_batcher(self._client, self._where, timeout=self._timeout,
+                               seeds=seed_names(self._url))
+        batcher.start()
+        try:
+            await connect_check(batcher, self._where, self._timeout)
+            self._tell_db(self._client)
+            dead = RedisStreamsTransport(self._url, client=self._client,
+                                         command_timeout=self._timeout,
+                                         block_ms=max(1, int(self._poll_s * 1000)),
+                                         topic_retention_s=self._topic_retention_s)
+            await dead.connect()
+        except BaseException:
+            await batcher.stop()
+            raise
         self._closed = False
-        self._tell_db(self._client)
-        self._dead = RedisStreamsTransport(self._url, client=self._client, command_timeout=self._timeout,
-                                           block_ms=max(1, int(self._poll_s * 1000)),
-                                           topic_retention_s=self._topic_retention_s)
-        await self._dead.connect()
-        self._batcher = make_batcher(self._client, self._where, timeout=self._timeout,
-                                     seeds=seed_names(self._url))
-        self._batcher.start()
+        self._dead, self._batcher = dead, batcher
 
     def _tell_db(self, client: RedisClient) -> None:
         """One WARNING, the first time this transport connects, if its db is not 0: pub/sub
@@ -187,21 +195,20 @@ class RedisPubSubTransport(Transport):
         """Pub/sub keeps no messages: the keys ``heartbeat_key(group)`` (the group's newest beat)
         and ``heartbeat_key(group, consumer)`` (this consumer's, for ``check --consumer``), SET
         with an expiry that outlives ``debatebus check``'s window by far (a dead worker reads as
-        stale, not absent). A last beat deletes this consumer's key, and the group's if it holds
-        this consumer's beat (another worker's stays)."""
-        client, _, _ = self._parts()
+        stale, not absent). A last beat deletes this consumer's key, and the group's if it still
+        holds the beat this transport last wrote for this consumer (another worker's stays)."""
+        _, batcher, _ = self._parts()
         key, own = heartbeat_key(group), heartbeat_key(group, consumer)
-        async with redis_call(self._where, self._timeout):
-            if not last:
-                expiry = max(60, int(interval_s * 10))
-                pipe = client.pipeline(transaction=False)
-                pipe.set(key, beat, ex=expiry)
-                pipe.set(own, beat, ex=expiry)
-                await pipe.execute()
-                return
-            await client.delete(own)
+        if not last:
+            expiry = max(60, int(interval_s * 10))
+            await batcher.submit([("SET", key, beat, "EX", expiry), ("SET", own, beat, "EX", expiry)])
+            self._beats[group, consumer] = beat
+            return
+        await batcher.submit([("DEL", own)])
+        written = self._beats.pop((group, consumer), None)
+        if written is not None:
             # In one step: a GET then a DEL could delete a beat another worker wrote in between.
-            await client.eval(_DELETE_OWN_BEAT, 1, key, consumer)
+            await _DELETE_IF_UNCHANGED.run(batcher, [key], [written])
 
     def _parts(self) -> tuple[RedisClient, Batcher, RedisStreamsTransport]:
         if self._client is None or self._batcher is None or self._dead is None or self._closed:
@@ -282,21 +289,26 @@ class RedisPubSubTransport(Transport):
 
     async def _subscribed(self, channels: Sequence[str]) -> PubSub:
         """A pub/sub connection whose SUBSCRIBE the server has confirmed: whatever is published
-        after this returns reaches it."""
-        client, _, _ = self._parts()
-        pubsub: PubSub = client.pubsub()
-        self._listeners.add(pubsub)
-        try:
-            async with redis_call(self._where, self._timeout):
+        after this returns reaches it. On a cluster, on the master the slot map names for the
+        first channel (a PUBLISH to any node reaches every node's subscribers)."""
+        _, batcher, _ = self._parts()
+
+        async def subscribe(redis: Redis) -> PubSub:
+            pubsub: PubSub = redis.pubsub()
+            self._listeners.add(pubsub)
+            try:
                 await pubsub.subscribe(*channels)
                 for _ in set(channels):
                     # The confirmations come back together, ahead of any message.
                     await pubsub.get_message(timeout=None)
-        except BaseException:
-            self._listeners.discard(pubsub)
-            await _quietly_close(pubsub)
-            raise
-        return pubsub
+            except BaseException:
+                self._listeners.discard(pubsub)
+                await _quietly_close(pubsub)
+                raise
+            return pubsub
+
+        async with redis_call(self._where, self._timeout):
+            return await batcher.on_master(channels[0], subscribe)
 
     async def _messages(self, pubsub: PubSub, channels: Sequence[str],
                         requeued: deque[Delivery] | None) -> AsyncIterator[Delivery]:
@@ -348,16 +360,11 @@ class _Liveness:
             self._pinged = now
 
 
-#: Deletes the group's newest beat (KEYS[1]) only if it is consumer ARGV[1]'s.
-_DELETE_OWN_BEAT = """
-local beat = redis.call('GET', KEYS[1])
-if not beat then return 0 end
-local ok, decoded = pcall(cjson.decode, beat)
-if ok and type(decoded) == 'table' and decoded['consumer'] == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
+#: Deletes the group's newest beat (KEYS[1]) only if it is still ARGV[1], byte for byte.
+_DELETE_IF_UNCHANGED = Script("""
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
-"""
+""")
 
 
 async def _quietly_close(pubsub: PubSub) -> None:

@@ -31,7 +31,7 @@ Wire format (what any client in any language reads and writes):
   ``x-debatebus-deliveries``.
 
 Throughput: acks, rejects and publishes issued in the same event-loop tick share one pipeline
-(``CommandBatcher``, one ``EVALSHA`` per ack), and each ``XREADGROUP`` fetches ``prefetch``
+(``debatebus.redis``' batcher, one ``EVALSHA`` per ack), and each ``XREADGROUP`` fetches ``prefetch``
 entries at once.
 
 Outages: every call is bounded by ``command_timeout`` (blocking reads by ``block_ms`` more) and
@@ -43,7 +43,7 @@ RESP2 and RESP3 (``?protocol=3``) clients both work: replies are read in either 
 
 Redis Cluster (``?cluster=true``): a topic's stream is ``cluster_key(topic)``, its family as hash
 tag (``debate:request`` → ``{debate:request}``), so the settle script's streams share one slot;
-see ``redis_cluster``. A ``consume`` over topics of several slots reads each slot on its own.
+see ``debatebus.redis.cluster_key``. A ``consume`` over topics of several slots reads each slot on its own.
 So ``ack`` publishes results only to topics of the request's family (``event:{type}:completed``
 and the like): others are refused with a ``ConfigError``, the entry left held.
 
@@ -59,20 +59,34 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from redis import exceptions as redis_errors
+from redis.asyncio import Redis
 
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.loops import SharedCall
+from debatebus.redis import (
+    Batcher,
+    RedisClient,
+    build_client,
+    by_slot,
+    check_client,
+    check_one_slot,
+    cluster_url,
+    connect_check,
+    describe,
+    is_cluster,
+    make_batcher,
+    seed_names,
+    stream_key_rule,
+)
 from debatebus.retention import (
     DEFAULT_RETENTION_S,
     TOPIC_RETENTION_PARAM,
     retention_ms,
     take_retention,
 )
+from debatebus.transports._redis_reads import log, merge
 from debatebus.transports.base import (
     HEARTBEAT_STREAM_MAXLEN,
     HEARTBEAT_TOPIC,
-    ORIGIN_HEADER,
-    REASON_HEADER,
     RECOVERED_HEADER,
     Delivery,
     Outgoing,
@@ -80,43 +94,17 @@ from debatebus.transports.base import (
     dlq_topic,
     refuse_partitions,
 )
-from debatebus.transports.redis_cluster import (
-    Batcher,
-    by_slot,
-    check_one_slot,
-    evalsha,
-    make_batcher,
-    stream_key_rule,
-)
-from debatebus.transports.redis_common import (
-    RedisClient,
-    build_client,
-    check_client,
-    cluster_url,
-    connect_check,
-    describe,
-    is_cluster,
-    log,
-    merge,
-    seed_names,
-)
 from debatebus.transports.redis_entries import (
-    DELIVERIES_HEADER,
     ENVELOPE,
-    ORIGIN_ID_HEADER,
     SETTLE,
-    SETTLE_SHA,
     entry_to_delivery,
+    field_map,
     message_fields,
     stream_entries,
 )
 from debatebus.transports.redis_groups import NOT_CONNECTED, ConsumerGroups, StreamsLink, seat_of
 
 __all__ = [
-    "DELIVERIES_HEADER",
-    "ORIGIN_HEADER",
-    "ORIGIN_ID_HEADER",
-    "REASON_HEADER",
     "RETENTION_CLAIM_FACTOR",
     "RedisStreamsTransport",
     "entry_to_delivery",
@@ -184,22 +172,24 @@ class RedisStreamsTransport(Transport):
         self._groups = ConsumerGroups(self._link, claim_idle_ms=claim_idle_ms,
                                       submit=lambda commands: self._submit_to().submit(commands),
                                       trim=self._trim, trim_every_s=_trim_every_s(self._keep_ms))
-        self._batcher: Batcher | None = None
-        self._load_settle = SharedCall(self._load_settle_script)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        if self._batcher is not None:
-            return
         link = self._link
+        if link.batcher is not None:
+            return
         if link.client is None:
             link.client = build_client(self._url, connect_timeout=self._connect_timeout)
-        await connect_check(link.client, link.where, link.timeout)
-        link.closed = False
-        self._batcher = make_batcher(link.client, link.where, timeout=link.timeout,
-                                     seeds=seed_names(self._url))
-        self._batcher.start()
+        batcher = make_batcher(link.client, link.where, timeout=link.timeout,
+                               seeds=seed_names(self._url))
+        batcher.start()
+        try:
+            await connect_check(batcher, link.where, link.timeout)
+        except BaseException:
+            await batcher.stop()
+            raise
+        link.closed, link.batcher = False, batcher
         self._groups.start()
 
     async def close(self) -> None:
@@ -207,8 +197,8 @@ class RedisStreamsTransport(Transport):
         link.closed = True
         await link.reads.wait_idle(link.block_ms / 1000 + 1.0)
         await self._groups.stop()
-        if self._batcher is not None:
-            batcher, self._batcher = self._batcher, None
+        if link.batcher is not None:
+            batcher, link.batcher = link.batcher, None
             await batcher.stop()
         if link.client is not None and self._owns_client:
             client, link.client = link.client, None
@@ -219,9 +209,9 @@ class RedisStreamsTransport(Transport):
         return self._key(topic)
 
     def _submit_to(self) -> Batcher:
-        if self._batcher is None:
+        if self._link.batcher is None:
             raise TransportError(NOT_CONNECTED)
-        return self._batcher
+        return self._link.batcher
 
     # -- publishing and settling -----------------------------------------------------------------
 
@@ -283,8 +273,7 @@ class RedisStreamsTransport(Transport):
         args: list[Any] = [seat.group, delivery.id, self._min_id()]
         for _, fields in outputs:
             args += (len(fields), *fields)
-        command = ("EVALSHA", SETTLE_SHA, len(keys), *keys, *args)
-        settled = await evalsha(self._submit_to(), command, self._load_settle)
+        settled = await SETTLE.run(self._submit_to(), keys, args)
         if settled == -1:
             await self._submit_to().submit([self._xadd(topic, fields) for topic, fields in
                                             outputs_for({RECOVERED_HEADER: "request-lost"})])
@@ -302,10 +291,6 @@ class RedisStreamsTransport(Transport):
                 "restart without its data, or was the stream trimmed while it ran?): its answer "
                 "is published anyway, marked %s; nobody else can answer it",
                 entry_id, topic, RECOVERED_HEADER)
-
-    async def _load_settle_script(self) -> None:
-        async with self._link.call():
-            await self._link.redis().script_load(SETTLE)
 
     def _dead_letter_fields(self, delivery: Delivery, reason: str,
                             marks: Mapping[str, str] | None = None) -> list[Any]:
@@ -343,9 +328,8 @@ class RedisStreamsTransport(Transport):
                               interval_s: float, last: bool = False) -> None:
         """An entry of the stream ``HEARTBEAT_TOPIC`` (field ``envelope``, so ``debatebus tail``
         shows it), trimmed to about ``HEARTBEAT_STREAM_MAXLEN`` entries."""
-        async with self._link.call():
-            await self._link.redis().xadd(HEARTBEAT_TOPIC, {ENVELOPE: beat},
-                                          maxlen=HEARTBEAT_STREAM_MAXLEN, approximate=True)
+        await self._submit_to().submit([("XADD", HEARTBEAT_TOPIC, "MAXLEN", "~",
+                                         HEARTBEAT_STREAM_MAXLEN, "*", ENVELOPE, beat)])
 
     # -- reading outside any group ---------------------------------------------------------------
 
@@ -359,12 +343,14 @@ class RedisStreamsTransport(Transport):
         """``last``: the last entry id seen, by stream key."""
         names = {self._key(topic).encode(): topic for topic in topics}
         link = self._link
+
+        async def read(redis: Redis) -> Any:
+            return await redis.xread(last, count=_RANGE_PAGE, block=link.block_ms)  # type: ignore[arg-type]
+
         try:
             while not link.closed:
                 with link.reads.reading():
-                    async with link.call(link.block_ms):
-                        reply = await link.redis().xread(
-                            last, count=_RANGE_PAGE, block=link.block_ms)  # type: ignore[arg-type]
+                    reply = await link.on(self._key(topics[0]), read, link.block_ms)
                 for name, entries in stream_entries(reply):
                     topic = names[name]
                     for entry_id, fields in entries:
@@ -376,12 +362,9 @@ class RedisStreamsTransport(Transport):
 
     async def _last_ids(self, topics: Sequence[str]) -> dict[str, Any]:
         # An explicit id, not "$" on every call: "$" would skip what arrives between two reads.
-        pipe = self._link.redis().pipeline(transaction=False)
         keys = [self._key(topic) for topic in topics]
-        for key in keys:
-            pipe.xrevrange(key, "+", "-", count=1)
-        async with self._link.call():
-            replies: list[Any] = await pipe.execute()
+        replies = await self._submit_to().submit([("XREVRANGE", key, "+", "-", "COUNT", 1)
+                                                  for key in keys])
         return {key: reply[0][0] if reply else "0-0" for key, reply in zip(keys, replies, strict=True)}
 
     async def read_range(self, topic: str, start: str = "-", end: str = "+",
@@ -395,11 +378,10 @@ class RedisStreamsTransport(Transport):
         left = count
         while left is None or left > 0:
             page = _RANGE_PAGE if left is None else min(_RANGE_PAGE, left)
-            async with self._link.call():
-                entries: Any = await self._link.redis().xrange(self._key(topic), start, end,
-                                                               count=page)
+            key = self._key(topic)
+            [entries] = await self._submit_to().submit([("XRANGE", key, start, end, "COUNT", page)])
             for entry_id, fields in entries:
-                delivery = entry_to_delivery(topic, entry_id, fields)
+                delivery = entry_to_delivery(topic, entry_id, field_map(fields))
                 delivery.timestamp_ms = int(delivery.id.partition("-")[0])
                 yield delivery
             if len(entries) < page:

@@ -53,9 +53,8 @@ from debatebus.schemas.result import HandlerResult
 from debatebus.transports.dialect import WireDialect
 
 if TYPE_CHECKING:  # the redis modules too: a worker importing step_channel needs no redis client
+    from debatebus.redis import Batcher, Command
     from debatebus.transports.base import Delivery, Outgoing
-    from debatebus.transports.redis_cluster import Batcher
-    from debatebus.transports.redis_common import Command
 
 __all__ = [
     "DEFAULT_DEDUPE_TTL_S",
@@ -165,9 +164,13 @@ class SynkroDialect(WireDialect):
 
     def __init__(self, settings: SynkroSettings, batcher: Callable[[], Batcher], *,
                  cluster: bool = False) -> None:
+        # Here, not at the top: importing step_channel or SynkroSettings needs no redis client.
+        from debatebus.redis import Script
+
         self.settings = settings
         self._batcher = batcher
         self._cluster = cluster
+        self._claim_script = Script(_CLAIM)
         self._claims: dict[int, _Claim] = {}
 
     async def claim(self, delivery: Delivery, request_id: str) -> bool:
@@ -179,9 +182,8 @@ class SynkroDialect(WireDialect):
         if self._cluster:
             taken = await self._claim_in_steps(keys, "" if ttl is None else ttl)
         else:
-            command = ("EVAL", _CLAIM, len(keys), *keys, self.settings.lock_ttl_s,
-                       "" if ttl is None else ttl)
-            (taken,) = await self._batcher().submit((command,))
+            taken = await self._claim_script.run(self._batcher(), keys,
+                                                 [self.settings.lock_ttl_s, "" if ttl is None else ttl])
         if taken == 1:
             self._claims[id(delivery)] = _Claim(delivery, request_id)
         return bool(taken == 1)

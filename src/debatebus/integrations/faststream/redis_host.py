@@ -8,7 +8,7 @@ Requests are read from either field. Dead letters are always debatebus's entries
 ``{type}:dlq`` (``envelope``, ``key``, ``reason``, ``origin``, ``originId``, ``deliveries``).
 
 On a ``RedisClusterBroker`` every stream is named by debatebus's cluster rule
-(``redis_cluster.cluster_key``), as a debatebus worker on ``?cluster=true`` names them: the
+(``debatebus.redis.cluster_key``), as a debatebus worker on ``?cluster=true`` names them: the
 ``StreamSub`` given by event type (``debate:request``) reads ``{debate:request}``, results go to
 ``event:{debate:request}:completed`` and dead letters to ``{debate:request}:dlq``. Pub/sub
 channels keep their names.
@@ -32,9 +32,9 @@ from redis.typing import EncodableT, FieldT
 from debatebus.handlers.contract import Handle
 from debatebus.integrations.faststream.host import Host, raw_body
 from debatebus.loops import PerLoop
+from debatebus.redis import stream_key_rule
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.redis_cluster import stream_key_rule
 from debatebus.transports.redis_entries import ENVELOPE, KEY
 
 __all__ = ["FASTSTREAM_FIELD", "JSONMessageFormat", "mount_redis"]

@@ -13,11 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from debatebus.transports.kafka.names import (
     CONTENT_TYPE_HEADER,
-    DELIVERIES_HEADER,
-    ORIGIN_HEADER,
-    ORIGIN_OFFSET_HEADER,
-    ORIGIN_PARTITION_HEADER,
-    REASON_HEADER,
     SCHEMA_HEADER,
     kafka_topic,
 )
@@ -28,11 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
-    "DELIVERIES_HEADER",
-    "ORIGIN_HEADER",
-    "ORIGIN_OFFSET_HEADER",
-    "ORIGIN_PARTITION_HEADER",
-    "REASON_HEADER",
     "SCHEMA_HEADER",
     "KafkaSettings",
     "KafkaTransport",

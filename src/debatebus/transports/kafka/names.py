@@ -1,4 +1,5 @@
-"""Names debatebus uses on Kafka: topics (from event types) and record headers.
+"""Names debatebus uses on Kafka: topics (from event types) and its own record headers (the
+dead-letter headers are every transport's: ``transports.base``).
 
 Imports nothing from aiokafka, so the AsyncAPI document can name the topics without it.
 """
@@ -11,21 +12,9 @@ from collections.abc import Sequence
 from typing import Final
 
 from debatebus.exceptions import ConfigError
-from debatebus.transports.base import (
-    DELIVERIES_HEADER,
-    ORIGIN_HEADER,
-    ORIGIN_OFFSET_HEADER,
-    ORIGIN_PARTITION_HEADER,
-    REASON_HEADER,
-)
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
-    "DELIVERIES_HEADER",
-    "ORIGIN_HEADER",
-    "ORIGIN_OFFSET_HEADER",
-    "ORIGIN_PARTITION_HEADER",
-    "REASON_HEADER",
     "SCHEMA_HEADER",
     "kafka_topic",
     "topic_names",

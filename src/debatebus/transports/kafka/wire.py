@@ -20,14 +20,19 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from debatebus.exceptions import ConfigError
 from debatebus.schemas.envelope import SCHEMA_VERSION
-from debatebus.transports.base import DEAD_LETTER_HEADERS, Delivery, Outgoing, dlq_topic
-from debatebus.transports.kafka.names import (
-    CONTENT_TYPE_HEADER,
+from debatebus.transports.base import (
+    DEAD_LETTER_HEADERS,
     DELIVERIES_HEADER,
     ORIGIN_HEADER,
     ORIGIN_OFFSET_HEADER,
     ORIGIN_PARTITION_HEADER,
     REASON_HEADER,
+    Delivery,
+    Outgoing,
+    dlq_topic,
+)
+from debatebus.transports.kafka.names import (
+    CONTENT_TYPE_HEADER,
     SCHEMA_HEADER,
     kafka_topic,
 )

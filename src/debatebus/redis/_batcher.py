@@ -1,46 +1,32 @@
-"""The Redis command batcher: every command queued in one event-loop tick goes out as one
-pipeline, on a connection of its own whose replies are parsed as they arrive. The commands run
-one by one, never inside MULTI/EXEC: a caller whose commands must be atomic sends a script.
+"""The Redis command batcher, a client of one server: every command queued in one event-loop tick
+goes out as one pipeline, on a connection of its own (``_connection``) whose replies are parsed as
+they arrive. The commands run one by one, never inside MULTI/EXEC: a caller whose commands must be
+atomic sends a script (``_scripts``).
 
 The batcher owns its connection outright: it opens the socket with asyncio (TCP, TLS or a unix
 socket, as the client's URL says), authenticates (``AUTH``), selects the db (``SELECT``) and reads
 the replies with hiredis's ``Reader`` — public APIs only; redis-py's own connections are never
 touched, so the client and the batcher close in any order.
-
-**The connection speaks RESP2, whatever the URL says**: it never sends ``HELLO``, so
-``?protocol=3`` applies to the client's connections, not to this one, and no RESP3 push frame can
-arrive on it. As a defence all the same, every pipeline ends with ``ECHO <token>``: a pipeline is
-complete only once its last reply is its own token, so a frame nobody asked for (which would shift
-every later reply by one) fails the pipelines in flight and closes the connection instead of
-handing one caller another's reply. (So the Redis user needs ``ECHO``, which ``+@all`` and
-``+@connection`` include.)
-
-Pipelines are written back to back without waiting for the previous one's replies; hiredis parses
-each chunk of replies the moment it arrives and every caller's future is resolved from that
-callback, which spares a task switch per pipeline and a coroutine per reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import socket
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-import hiredis
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from debatebus.exceptions import ConfigError, DebatebusError, TransportError
-from debatebus.transports.redis_common import Command, pack_commands, transport_error
-from debatebus.transports.redis_endpoint import Endpoint, reply_error
+from debatebus.redis._connection import Command, Endpoint, Pipeline, Wire, open_wire
+from debatebus.redis._errors import transport_error
 
 __all__ = ["Check", "CommandBatcher", "NotSentError"]
 
+T = TypeVar("T")
 #: Turns a job's replies into its result, or raises (the error the job's caller then gets).
 Check = Callable[[list[Any]], list[Any]]
 
@@ -64,144 +50,11 @@ def _not_sent(error: Exception, where: str) -> DebatebusError:
     out.__cause__ = mapped.__cause__ or error
     return out
 
-_MORE = object()  # hiredis: not enough data for a whole reply yet
-
-# ---- the wire ---------------------------------------------------------------------------------
-
-
 @dataclass(slots=True)
 class _Job:
     commands: Sequence[Command]
     future: asyncio.Future[list[Any]]
     check: Check | None = None
-
-
-@dataclass(slots=True, eq=False)
-class _Pipeline:
-    """One pipeline on the wire: its jobs and the replies collected so far.
-    ``resolve(pipeline, error)`` is called once, from the loop, when it ends either way."""
-
-    jobs: list[_Job]
-    resolve: Callable[[_Pipeline, BaseException | None], None]
-    expected: int = 0
-    marker: bytes = b""
-    replies: list[Any] = field(default_factory=list)
-    timer: asyncio.TimerHandle | None = None
-
-
-class _Wire(asyncio.Protocol):
-    """The batcher's own connection: pipelines in, replies out, in order."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.inflight: deque[_Pipeline] = deque()
-        self.lost: BaseException | None = None
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.sent = 0
-        self.reader = hiredis.Reader(protocolError=redis_errors.InvalidResponse,
-                                     replyError=reply_error, notEnoughData=_MORE)
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def send(self, pipeline: _Pipeline, commands: Sequence[Command]) -> None:
-        """Writes ``commands`` then this pipeline's ``ECHO`` marker (``pack_commands`` errors
-        propagate: nothing is written then)."""
-        self.sent += 1
-        marker = b"debatebus:%d" % self.sent
-        payload = pack_commands(itertools.chain(commands, (("ECHO", marker),)))
-        assert self.transport is not None and self.lost is None
-        pipeline.expected, pipeline.marker = len(commands) + 1, marker
-        self.inflight.append(pipeline)
-        self.transport.write(payload)
-
-    def data_received(self, data: bytes) -> None:
-        if self.lost is not None:
-            return
-        try:
-            self.reader.feed(data)
-            while (reply := self.reader.gets()) is not _MORE:
-                self._take(reply)
-        except Exception as e:  # garbage on the wire, or a reply nobody asked for
-            self.fail(e)
-
-    def _take(self, reply: Any) -> None:
-        if not self.inflight:
-            raise redis_errors.InvalidResponse(f"Redis sent {reply!r} while no command was waiting")
-        pipeline = self.inflight[0]
-        pipeline.replies.append(reply)
-        if len(pipeline.replies) < pipeline.expected:
-            return
-        if isinstance(reply, redis_errors.RedisError):  # ECHO refused (NOAUTH, NOPERM): the
-            raise reply                                # replies can't be checked, so none count
-        if reply != pipeline.marker:  # some frame in between was no reply to ours: all shifted
-            raise redis_errors.InvalidResponse("Redis sent more replies than commands: a frame "
-                                               "that answers none of them came in between")
-        pipeline.replies.pop()
-        self.inflight.popleft()
-        pipeline.resolve(pipeline, None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.fail(redis_errors.ConnectionError(
-            "Connection closed by server." if exc is None else f"Connection lost: {exc}"))
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def fail(self, error: BaseException) -> None:
-        """Every pipeline without all its replies fails: the stream of replies can't be trusted."""
-        if self.lost is None:
-            self.lost = error
-            if self.transport is not None:
-                self.transport.abort()
-        while self.inflight:
-            pipeline = self.inflight.popleft()
-            pipeline.resolve(pipeline, self.lost)
-
-
-async def _open(endpoint: Endpoint, where: str) -> _Wire:
-    """A new connection, handshake done, within the endpoint's connect timeout."""
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(endpoint.connect_timeout):
-        if endpoint.path is not None:
-            _, wire = await loop.create_unix_connection(_Wire, endpoint.path)
-        else:
-            _, wire = await loop.create_connection(
-                _Wire, endpoint.host, endpoint.port, ssl=endpoint.tls,
-                server_hostname=endpoint.host if endpoint.tls is not None else None)
-        try:
-            if endpoint.keepalive and endpoint.path is None and wire.transport is not None:
-                sock = wire.transport.get_extra_info("socket")
-                if sock is not None:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            await _handshake(wire, endpoint.handshake(), where)
-        except BaseException:
-            wire.fail(redis_errors.ConnectionError("handshake failed"))
-            raise
-    return wire
-
-
-async def _handshake(wire: _Wire, commands: list[Command], where: str) -> None:
-    if not commands:
-        return
-    done: asyncio.Future[tuple[list[Any], BaseException | None]] = (
-        asyncio.get_running_loop().create_future())
-
-    def resolve(pipeline: _Pipeline, error: BaseException | None) -> None:
-        if not done.done():
-            done.set_result((pipeline.replies, error))
-
-    wire.send(_Pipeline([], resolve), commands)
-    replies, error = await done
-    # A refused AUTH makes every later reply a NOAUTH: the first refusal is the one to report.
-    for command, reply in zip(commands, replies, strict=False):
-        if not isinstance(reply, Exception):
-            continue
-        if command[0] == "SELECT" and isinstance(reply, redis_errors.ResponseError):
-            raise ConfigError(f"Redis at {where} refused to select db {command[1]}: check the db "
-                              f"number in the URL ({reply})") from reply
-        raise transport_error(reply, where)  # refused credentials: a ConfigError
-    if error is not None:
-        raise error
 
 
 # ---- the batcher ------------------------------------------------------------------------------
@@ -220,10 +73,14 @@ class CommandBatcher:
     first) fail with ``NotSentError``: Redis did not run them.
 
     The connection is the batcher's own, made from ``client``'s settings (``connection_pool``'s
-    ``connection_kwargs`` and ``connection_class``); the client itself is never used or closed.
+    ``connection_kwargs`` and ``connection_class``). The client itself carries only what
+    ``on_master`` is given, and is closed by ``stop`` only if ``owns_client``.
     """
 
-    def __init__(self, client: Redis, where: str, *, timeout: float) -> None:
+    def __init__(self, client: Redis, where: str, *, timeout: float,
+                 owns_client: bool = False) -> None:
+        self._client = client
+        self._owns_client = owns_client
         self._pool = client.connection_pool
         self._endpoint: Endpoint | None = None
         self._where = where
@@ -232,12 +89,14 @@ class CommandBatcher:
         self._scheduled = False
         self._started = False
         self._stopping = False
-        self._wire: _Wire | None = None
+        self._wire: Wire | None = None
         #: Pipelines made while (re)connecting: sent, in order, once the connection is up.
         self._waiting: list[list[_Job]] = []
         self._connecting: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        #: Scripts being loaded (``load_script``), by their text.
+        self._loading: dict[str, asyncio.Future[list[Any]]] = {}
 
     def start(self) -> None:
         self._started, self._stopping = True, False
@@ -257,6 +116,9 @@ class CommandBatcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._connecting
         await self._close()
+        if self._owns_client:
+            with contextlib.suppress(redis_errors.RedisError, OSError):
+                await self._client.aclose()
         # What never reached Redis (a reconnect still pending, or no reply in time) fails: no
         # caller is left waiting on a batcher that is gone.
         unsent = [job for batch in self._waiting for job in batch] + self._queue
@@ -268,6 +130,21 @@ class CommandBatcher:
     async def submit(self, commands: Sequence[Command]) -> list[Any]:
         # A cancelled caller does not unqueue its job: half-resolved states are worse than a late one.
         return await self.enqueue(commands)
+
+    async def on_master(self, key: str, call: Callable[[Redis], Awaitable[T]]) -> T:
+        """``call`` on the client: what a pipeline of the batcher cannot carry (blocking reads,
+        pub/sub, MULTI/EXEC), on the same server (``key``: the one it touches, for a cluster)."""
+        return await call(self._client)
+
+    async def load_script(self, text: str) -> None:
+        """``SCRIPT LOAD`` ``text``. Callers while its load is in flight share it: after a Redis
+        restart, the hundreds of commands of a burst that all found their script missing load
+        it once, not once each."""
+        loading = self._loading.get(text)
+        if loading is None:
+            loading = self._loading[text] = self.enqueue([("SCRIPT", "LOAD", text)])
+            loading.add_done_callback(lambda _: self._loading.pop(text, None))
+        await asyncio.shield(loading)
 
     def enqueue(self, commands: Sequence[Command], *,
                 check: Check | None = None) -> asyncio.Future[list[Any]]:
@@ -302,8 +179,8 @@ class CommandBatcher:
             return
         self._send(wire, batch)
 
-    def _send(self, wire: _Wire, batch: list[_Job]) -> None:
-        pipeline = _Pipeline(batch, self._done)
+    def _send(self, wire: Wire, batch: list[_Job]) -> None:
+        pipeline = Pipeline(batch, self._done)
         try:
             wire.send(pipeline, [command for job in batch for command in job.commands])
         except Exception as e:  # an argument Redis can't take: nothing was sent
@@ -317,12 +194,12 @@ class CommandBatcher:
             try:
                 if self._endpoint is None:
                     self._endpoint = Endpoint.of(self._pool, self._timeout)
-                self._wire = await _open(self._endpoint, self._where)
+                self._wire = await open_wire(self._endpoint, self._where)
             except Exception as e:  # nothing of what waits was written
                 error = _not_sent(e, self._where)
                 waiting, self._waiting = self._waiting, []
                 for batch in waiting:
-                    self._done(_Pipeline(batch, self._done), error)
+                    self._done(Pipeline(batch, self._done), error)
                 return
             waiting, self._waiting = self._waiting, []
             for batch in waiting:
@@ -341,12 +218,12 @@ class CommandBatcher:
         wire.fail(redis_errors.ConnectionError("connection closed by the client"))
         await asyncio.wait([wire.closed], timeout=1.0)
 
-    def _timed_out(self, wire: _Wire) -> None:
+    def _timed_out(self, wire: Wire) -> None:
         wire.fail(redis_errors.TimeoutError(f"no reply within {self._timeout:g} s"))
 
     # ---- settling ---------------------------------------------------------------------------
 
-    def _done(self, pipeline: _Pipeline, error: BaseException | None) -> None:
+    def _done(self, pipeline: Pipeline, error: BaseException | None) -> None:
         if pipeline.timer is not None:
             pipeline.timer.cancel()
         try:
