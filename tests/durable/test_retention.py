@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tests.durable.test_durable_handler import CountingLLM, debate, needed_calls
+from tests.support.durable import CountingLLM, debate, needed_calls
 from tests.support.servers import RedisServer
 
 from debatebus.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore

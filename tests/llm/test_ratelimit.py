@@ -30,7 +30,7 @@ from debatebus.llm.retry import RetryPolicy, parse_rate_limit_reset
 from debatebus.observability.metrics import PrometheusObserver
 from debatebus.schemas.usage import TokenUsage
 from tests.llm.servers import FakeAPI, Reply
-from tests.llm.test_retry import Sleeps
+from tests.support.llm import Sleeps, granted_now, granted_within
 from tests.support.servers import free_port
 
 Factory = Callable[..., RateLimiter]
@@ -68,25 +68,10 @@ async def warm(limiter: RateLimiter) -> RateLimiter:
     return limiter
 
 
-async def _granted_within(limiter: RateLimiter, seconds: float, **kwargs: int) -> bool:
-    try:
-        await asyncio.wait_for(limiter.acquire(**kwargs), seconds)
-    except TimeoutError:
-        return False
-    return True
-
-
-async def granted_now(limiter: RateLimiter, **kwargs: int) -> bool:
-    """Whether ``acquire`` succeeds without waiting for a refill: within 2 s, room for a loaded
-    machine (and a first connection to Redis), where every case expected to wait needs 5 s and
-    more (or a release that never comes)."""
-    return await _granted_within(limiter, 2.0, **kwargs)
-
-
 async def still_waiting(limiter: RateLimiter, **kwargs: int) -> bool:
     """Whether ``acquire`` has not succeeded after 0.2 s (it is cancelled then, taking nothing).
     Every case asked needs 5 s and more, so a slow machine cannot make it succeed in time."""
-    return not await _granted_within(limiter, 0.2, **kwargs)
+    return not await granted_within(limiter, 0.2, **kwargs)
 
 
 # --- RateLimit ---------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-import uvicorn
-from tests.bus.conftest import make_debate, running, transport_options
+from tests.support.bus import make_debate, running, transport_options
 from tests.support.servers import free_port
+from tests.support.web import TIMEOUT, TOKEN, serving, started
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.cli import main
@@ -44,7 +44,6 @@ from debatebus.web import build_server, create_app
 from debatebus.web.store import DebateStore, Listener
 from debatebus.worker import DebateBus
 
-TIMEOUT = 60.0
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = (
@@ -131,33 +130,6 @@ def test_a_listener_that_falls_behind_is_cut_off_not_waited_for() -> None:
 
 
 # ---- the API on a memory bus ---------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """``app`` on uvicorn on a free port, in this event loop."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=2))
-    async with started(server):
-        yield f"http://127.0.0.1:{port}"
-
-
-@contextlib.asynccontextmanager
-async def started(server: uvicorn.Server) -> AsyncIterator[None]:
-    """``server`` serving in this event loop until the block ends."""
-    task = asyncio.create_task(server.serve())
-    async with asyncio.timeout(TIMEOUT):
-        while not server.started:
-            if task.done():
-                task.result()  # raises what stopped it
-                raise AssertionError("uvicorn exited before it started")
-            await asyncio.sleep(0.05)
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, TIMEOUT)
 
 
 async def sse_events(lines: AsyncIterator[str], count: int) -> list[tuple[int, dict[str, Any]]]:
@@ -273,7 +245,6 @@ def test_web_command_checks_its_arguments(capsys: pytest.CaptureFixture[str]) ->
 
 # ---- who may read the page: the token, the Host, the warning -------------------------------------
 
-TOKEN = "live-page-token-0123456789"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 ROUTES = ["/", "/healthz", "/api/debates", "/api/debates/d-1", "/api/debates/d-1/stream"]
 

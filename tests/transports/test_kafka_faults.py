@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 from tests.support.servers import TansuServer
-from tests.transports import test_kafka_extra as extra
-from tests.transports.test_contract import Reader
-from tests.transports.test_kafka_extra import GROUP_OPTIONS, WAIT, committed
+from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 
 from debatebus.exceptions import MessageTooLargeError, TransportError
 from debatebus.transports.base import Delivery, Outgoing, dlq_topic
@@ -24,8 +22,6 @@ from debatebus.transports.kafka import DELIVERIES_HEADER, KafkaTransport
 from debatebus.transports.kafka.errors import producing
 
 pytestmark = pytest.mark.kafka
-
-make, group = extra.make, extra.group  # the same fixtures
 
 
 async def records_in(t: KafkaTransport, topic: str) -> int:

@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from tests.bus.processes import (
+from tests.support.processes import (
+    Collector,
     WorkerProcess,
     assert_store_answers,
+    collecting,
     committed_round_reruns,
+    env_for,
     read_calls,
 )
-from tests.bus.test_processes import Collector, collecting, env_for
 from tests.support.servers import RedisServer, TansuServer
-from tests.transports.test_contract import Reader
-from tests.transports.test_kafka_extra import GROUP_OPTIONS, WAIT, committed
+from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError

@@ -23,7 +23,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import MaxConnectionsError, RedisError
 from tests.support.servers import RedisServer, free_port
-from tests.transports.test_contract import Reader
+from tests.support.transports import Reader
 
 from debatebus.exceptions import TransportError
 from debatebus.transports import transport_from_url
