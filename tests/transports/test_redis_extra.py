@@ -176,7 +176,9 @@ async def test_a_live_consumers_long_work_is_not_taken_over(redis_server: RedisS
     async with RedisStreamsTransport(url, claim_idle_ms=1500, block_ms=100) as holder, \
             RedisStreamsTransport(url, claim_idle_ms=1500, block_ms=100) as other:
         await holder.publish(Outgoing(topic, REQUEST))
-        held = await Reader(holder.consume([topic], group="workers", consumer="holder")).next()
+        # Pulled once, not pumped: the holder reads nothing more, the orphan is the dying one's.
+        holding = holder.consume([topic], group="workers", consumer="holder")
+        held = await asyncio.wait_for(anext(holding), 15)
         await holder.publish(Outgoing(topic, b'{"orphan":true}'))
         async with RedisStreamsTransport(url, claim_idle_ms=1500, block_ms=100) as dying:
             orphan = await Reader(dying.consume([topic], group="workers", consumer="dies")).next()
@@ -184,6 +186,7 @@ async def test_a_live_consumers_long_work_is_not_taken_over(redis_server: RedisS
         assert (taken.id, taken.deliveries) == (orphan.id, 2)
         await other.ack(taken)
         await holder.ack(held)
+        await holding.aclose()
     assert (await raw.xpending(topic, "workers"))["pending"] == 0
 
 
