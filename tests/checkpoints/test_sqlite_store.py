@@ -119,8 +119,7 @@ async def test_calls_run_off_the_event_loop(tmp_path: Path) -> None:
                 appends = [asyncio.create_task(store.append("d1", f"e{i}".encode(),
                                                             Counters(calls=i)))
                            for i in range(200)]
-                while turns.count <= 100:
-                    await asyncio.sleep(0)
+                await turns.reach(100)
                 # the loop ran while every append was stuck on the lock
                 assert not any(task.done() for task in appends)
             counts = await asyncio.gather(*appends)
