@@ -2,6 +2,7 @@
 # The two set-up commands of the README, on a fresh machine:
 #   bash scripts/bootstrap.sh demo   # install with the embedded local model, serve one debate on the bus
 #   bash scripts/bootstrap.sh test   # install everything the tests need and run them (what CI runs)
+#   bash scripts/bootstrap.sh lowest # the suite on the lowest versions pyproject.toml allows
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what="${1:-test}"
@@ -61,8 +62,29 @@ case "$what" in
     ruff check src tests benchmarks
     mypy --strict src
     ;;
+  lowest)
+    # The lowest versions pyproject.toml allows (uv's lowest-direct resolution: every direct
+    # dependency at its lower bound), pinned in .ci/lowest.txt, installed in .ci/venv-lowest, and
+    # the suite on them. Run it after changing a bound and commit .ci/lowest.txt:
+    # tests/test_dependency_bounds.py (in CI) checks that every bound is a version pinned there.
+    # Not part of CI's test run: a second whole suite would double its ten minutes.
+    ensure_system_packages
+    [ -x .ci/venv-uv/bin/uv ] || { python3 -m venv .ci/venv-uv && .ci/venv-uv/bin/python -m pip install -q uv; }
+    [ -x .ci/venv-lowest/bin/python ] || python3 -m venv .ci/venv-lowest
+    uv=.ci/venv-uv/bin/uv
+    py=.ci/venv-lowest/bin/python
+    pins=$(mktemp)
+    "$uv" pip compile -q --python "$py" --resolution lowest-direct --extra dev --no-header \
+      --no-annotate pyproject.toml -o "$pins"
+    { sed -n '/^#/p' .ci/lowest.txt; cat "$pins"; } > .ci/lowest.txt.new
+    mv .ci/lowest.txt.new .ci/lowest.txt
+    rm -f "$pins"
+    "$uv" pip sync -q --python "$py" .ci/lowest.txt
+    "$uv" pip install -q --python "$py" --no-deps -e .
+    "$py" -m pytest -q -n 3 --dist worksteal --durations=15 -m "not local_llm"
+    ;;
   *)
-    echo "usage: bash scripts/bootstrap.sh demo|test" >&2
+    echo "usage: bash scripts/bootstrap.sh demo|test|lowest" >&2
     exit 2
     ;;
 esac

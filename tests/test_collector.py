@@ -15,7 +15,7 @@ from debatebus.collector import DEFAULT_COLLECTOR, DEFAULT_THRESHOLDS, Collector
 from debatebus.exceptions import ConfigError
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import DebateBus
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 
 
 def test_serving_applies_thresholds_and_freezes_then_restores_both() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from tests.bus.conftest import running, transport_options
+from tests.support.bus import running, transport_options
 
 import debatebus.client
 from debatebus.client import BusClient

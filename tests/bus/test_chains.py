@@ -14,8 +14,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from tests.bus.conftest import running, transport_options
-from tests.bus.test_worker import warm_up
+from tests.support.bus import running, transport_options, warm_up
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
 from debatebus.client import BusClient

@@ -10,8 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tests.bus.processes import ROOT, WorkerProcess
-from tests.bus.test_processes import env_for
+from tests.support.processes import ROOT, WorkerProcess, env_for
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

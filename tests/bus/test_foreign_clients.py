@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from tests.bus.conftest import running
-from tests.bus.test_worker import app_for
+from tests.support.bus import app_for, running
 
 
 def redis_cli(port: int, *args: str) -> str:

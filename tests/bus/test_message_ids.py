@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 from redis.asyncio import Redis
-from tests.bus.conftest import make_debate, running, transport_options
-from tests.bus.processes import ROOT
+from tests.support.bus import make_debate, running, transport_options
+from tests.support.processes import ROOT
 from tests.support.servers import RedisServer
 
 from debatebus.client import BusClient, request_message

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import redis.asyncio as redis_asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from tests.bus.conftest import make_debate, running, transport_options
+from tests.support.bus import make_debate, running, transport_options
 
 from debatebus.client import BusClient
 from debatebus.handlers.contract import HandlerResult

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.bus.processes import WorkerProcess, read_calls
-from tests.bus.test_processes import collecting
+from tests.support.processes import WorkerProcess, collecting, read_calls
 
 from debatebus.handlers.people import turn_reply
 from debatebus.schemas.envelope import ENVELOPE_DECODER

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from tests.bus.conftest import transport_options
-from tests.bus.processes import WorkerProcess, calls_by_question, read_calls, wait_until
-
-from debatebus.client import BusClient
-from debatebus.schemas.envelope import Envelope
+from tests.support.processes import (
+    WorkerProcess,
+    calls_by_question,
+    collecting,
+    env_for,
+    read_calls,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -35,60 +35,9 @@ def workers(tmp_path: Path) -> Iterator[list[WorkerProcess]]:
         w.stop()
 
 
-class Collector:
-    """Every result envelope on an event type's completed/failed topics, by request id."""
-
-    def __init__(self) -> None:
-        self.results: list[Envelope] = []
-        self.task: asyncio.Task[None] | None = None
-        self.arrived = asyncio.Event()
-
-    async def start(self, client: BusClient, event_type: str) -> None:
-        it = await client.results(event_type)
-
-        async def pump() -> None:
-            async for envelope in it:
-                self.results.append(envelope)
-                self.arrived.set()
-
-        self.task = asyncio.create_task(pump())
-
-    def counts(self) -> Counter[str]:
-        return Counter(e.request_id for e in self.results)
-
-    async def wait_for(self, ids: list[str], timeout: float) -> None:
-        await self.wait_for_count(ids, 1, timeout)
-
-    async def wait_for_count(self, ids: list[str], count: int, timeout: float) -> None:
-        async with asyncio.timeout(timeout):
-            while any(self.counts()[i] < count for i in ids):
-                await self.arrived.wait()
-                self.arrived.clear()
-
-
-@contextlib.asynccontextmanager
-async def collecting(url: str, event_type: str) -> AsyncIterator[tuple[BusClient, Collector]]:
-    async with BusClient(url, **transport_options(url)) as client:
-        collector = Collector()
-        await collector.start(client, event_type)
-        try:
-            yield client, collector
-        finally:
-            if collector.task:
-                collector.task.cancel()
-
-
 def serving(worker: WorkerProcess) -> bool:
     """Whether the worker has logged that it serves (it consumes from then on)."""
     return " serving " in (worker.log.read_text(errors="replace") if worker.log.exists() else "")
-
-
-def env_for(url: str, event_type: str, tmp_path: Path, **extra: Any) -> dict[str, str]:
-    # A fresh group per test: Tansu can strand a group whose leader was the last member to leave.
-    env = {"DBB_BROKER": url, "DBB_EVENT_TYPE": event_type, "DBB_GROUP": f"g-{uuid.uuid4().hex[:8]}",
-           "DBB_CALLS_LOG": str(tmp_path / "calls.log")}
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
 
 
 async def test_two_workers_share_the_group_and_answer_each_request_once(

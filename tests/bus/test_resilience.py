@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 from tests.support.servers import RedisServer
 
 from debatebus import FunctionLLM, LLMRequest

@@ -11,7 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from tests.bus.conftest import make_debate, memory_app, running, transport_options
+from tests.support.bus import make_debate, memory_app, running, transport_options
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient

@@ -8,9 +8,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tests.bus.conftest import transport_options
-from tests.bus.processes import WorkerProcess
-from tests.bus.test_processes import env_for
+from tests.support.bus import transport_options
+from tests.support.processes import WorkerProcess, env_for
 from tests.support.servers import RedisServer
 
 from debatebus.client import BusClient

@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 import pytest
-from tests.bus.conftest import memory_app, running, transport_options
-from tests.bus.test_worker import warm_up
+from tests.support.bus import memory_app, running, transport_options, warm_up
+from tests.support.subdebates import (
+    PANEL_SAYS,
+    QUESTION,
+    Calls,
+    child_answer,
+    launch,
+    parent_answer,
+    revision_of,
+    security_panel,
+    types,
+)
 
-from debatebus import Debate, FunctionLLM, LLMRequest, Participant
 from debatebus.client import BusClient
 from debatebus.engine.prompts import ENGLISH
-from debatebus.engine.subdebates import SubDebates
 from debatebus.handlers.contract import HandlerContext, HandlerResult
 from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope, completed_topic, failed_topic
@@ -75,51 +83,6 @@ async def test_a_parent_waiting_on_its_child_frees_the_only_slot():
 
 # ---- a debate's sub-debate served on the bus ------------------------------------------------
 
-QUESTION = "Ship the login redesign this week?"
-ASK = "I need a security view.\nREQUEST_SUB_DEBATE: security"
-PANEL_SAYS = "panel says: rotate the session keys first"
-
-
-class Calls:
-    """A FunctionLLM that answers with ``answer`` and counts its calls."""
-
-    def __init__(self, answer: Callable[[LLMRequest], str]) -> None:
-        self.calls: list[LLMRequest] = []
-        self.answer = answer
-        self.llm = FunctionLLM(self._call)
-
-    def _call(self, request: LLMRequest) -> str:
-        self.calls.append(request)
-        return self.answer(request)
-
-
-def parent_answer(request: LLMRequest) -> str:
-    """alice asks for the security panel when offered, and quotes its conclusion when re-asked."""
-    if (request.speaker, request.purpose) == ("alice", "revision"):
-        if "concluded:\n" in request.prompt:
-            conclusion = request.prompt.split("concluded:\n", 1)[1].split("\n", 1)[0]
-            return f"alice revised after the panel: {conclusion}"
-        if "REQUEST_SUB_DEBATE: <domain>" in request.prompt:
-            return ASK
-    return f"{request.speaker} {request.purpose}"
-
-
-def child_answer(request: LLMRequest) -> str:
-    return PANEL_SAYS if request.purpose == "synthesis" else f"{request.speaker} {request.purpose}"
-
-
-def launch(llm: FunctionLLM, security: str, deadline_s: float = 30.0) -> Debate:
-    return Debate("launch", [Participant("alice", "You ship."), Participant("bob", "You test.")],
-                  llm=llm, protocol="cross-pollination",
-                  sub_debates=SubDebates(domains={"security": security}, deadline_s=deadline_s))
-
-
-def security_panel(llm: FunctionLLM) -> Debate:
-    return Debate("security", [Participant("auditor", "You audit."),
-                               Participant("attacker", "You attack.")],
-                  llm=llm, protocol="cross-pollination")
-
-
 class Watch:
     """Everything published on some topics while the block runs, in order."""
 
@@ -157,16 +120,6 @@ class Watch:
                 if len(found) >= count:
                     return found[-1]
                 await asyncio.sleep(0.02)
-
-
-def types() -> tuple[str, str]:
-    tag = uuid.uuid4().hex[:8]
-    return f"debate:launch:{tag}", f"debate:security:{tag}"
-
-
-def revision_of(result: Envelope, speaker: str) -> str:
-    (revision,) = [r for r in result.payload["debateTranscript"] if r["phase"] == "revision"]
-    return next(t["text"] for t in revision["turns"] if t["speaker"] == speaker)
 
 
 async def test_a_child_is_a_request_on_the_bus_served_by_the_same_worker_at_concurrency_1():

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.bus.processes import WorkerProcess, read_calls, wait_until
-from tests.bus.test_processes import collecting
-from tests.bus.test_subdebates import revision_of
 from tests.bus.worker_app import REVISED_AFTER_PANEL
+from tests.support.processes import WorkerProcess, collecting, read_calls, wait_until
+from tests.support.subdebates import revision_of
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -12,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 import redis.asyncio as redis_asyncio
-from tests.bus.conftest import make_debate, memory_app, running, transport_options
+from tests.support.bus import app_for, make_debate, memory_app, running, transport_options, warm_up
 from tests.support.servers import free_port
 
 from debatebus import FunctionLLM, LLMRequest
@@ -28,25 +27,6 @@ from debatebus.transports.memory import MemoryBroker, MemoryTransport
 from debatebus.worker import DebateBus
 
 TIMEOUT = 60.0
-
-
-async def warm_up(client: BusClient, event_type: str) -> None:
-    """At-most-once buses drop requests sent before the worker listens, and Kafka group joins take a
-    moment: send probe requests until one is answered."""
-    for _ in range(60):
-        with contextlib.suppress(Exception):
-            await client.request(event_type, {"input": "warm-up"}, timeout=1.0)
-            return
-    raise AssertionError(f"the worker never answered on {event_type}")
-
-
-def app_for(url: str, event_type: str, **options: Any) -> DebateBus:
-    handler_options = options.pop("handler_options", {})
-    # A fresh group per app: Tansu can strand a group whose leader was the last member to leave.
-    options.setdefault("group", f"g-{uuid.uuid4().hex[:8]}")
-    app = DebateBus(url, transport_options=transport_options(url), **options)
-    app.subscribe(event_type, make_debate(**handler_options.pop("debate", {})).as_handler(**handler_options))
-    return app
 
 
 async def test_round_trip_on_every_transport(bus_url: str, event_type: str) -> None:

@@ -113,13 +113,15 @@ async def test_calls_run_off_the_event_loop(tmp_path: Path) -> None:
     async with SQLiteCheckpointStore(path) as store:
         await store.begin("d1", b"h")
         async with LoopTurns() as turns:
-            with WriteLockHolder(path):
+            # The lock is held until the block ends (30 s at most): a store that blocked the loop
+            # would give it its next turn only once the lock is gone and the appends are done.
+            with WriteLockHolder(path, limit=30.0):
                 appends = [asyncio.create_task(store.append("d1", f"e{i}".encode(),
                                                             Counters(calls=i)))
                            for i in range(200)]
-                await asyncio.sleep(0.5)
+                await turns.reach(100)
+                # the loop ran while every append was stuck on the lock
                 assert not any(task.done() for task in appends)
-                assert turns.count > 100  # the loop ran while every append was stuck on the lock
             counts = await asyncio.gather(*appends)
         assert counts == list(range(1, 201))  # submitted order is commit order: one worker thread
         loaded = await store.load("d1")

@@ -6,7 +6,7 @@ import asyncio
 import os
 
 import pytest
-from tests.checkpoints.conftest import Backend
+from tests.support.checkpoints import Backend
 
 from debatebus.checkpoints import CheckpointStore, Counters
 from debatebus.exceptions import ConfigError

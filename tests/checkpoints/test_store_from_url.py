@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.checkpoints.conftest import redis_url
 
 from debatebus.checkpoints import (
     MemoryCheckpointStore,
@@ -17,8 +16,6 @@ from debatebus.checkpoints import (
     store_from_url,
 )
 from debatebus.exceptions import ConfigError
-
-__all__ = ["redis_url"]  # the fixture
 
 
 def test_memory() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.observability.test_worker_cli import start_worker
+from tests.support.processes import start_worker
 from tests.support.servers import free_port
 
 from debatebus.checkpoints import MemoryCheckpointStore

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.cli import main

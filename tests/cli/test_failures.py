@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 from tests.support.servers import RedisServer, TansuServer
 
 from debatebus.cli import main

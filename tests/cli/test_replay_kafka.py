@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from tests.bus.conftest import running
+from tests.support.bus import running
 from tests.support.servers import TansuServer
 
 from debatebus.cli import main

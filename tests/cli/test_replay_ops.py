@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from tests.bus.conftest import running
+from tests.support.bus import running
 from tests.support.servers import RedisServer
 
 from debatebus.checkpoints import Counters, store_from_url

@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 from redis.crc import key_slot
-from tests.llm.test_ratelimit import granted_now
 from tests.support.cluster import RedisClusterServers
+from tests.support.llm import granted_now
 from tests.support.servers import free_port
-from tests.transports.conftest import Kind
-from tests.transports.test_contract import Reader
+from tests.support.transports import Kind, Reader
 
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.llm.ratelimit import RateLimit

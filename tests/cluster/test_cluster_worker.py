@@ -10,9 +10,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from tests.bus.processes import WorkerProcess, committed_round_reruns, read_calls, wait_until
-from tests.bus.test_processes import collecting, env_for
 from tests.support.cluster import RedisClusterServers
+from tests.support.processes import (
+    WorkerProcess,
+    collecting,
+    committed_round_reruns,
+    env_for,
+    read_calls,
+    wait_until,
+)
 from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 from tests.support.cluster import RedisClusterServers
 
 from debatebus import FunctionLLM, LLMRequest

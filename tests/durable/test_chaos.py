@@ -17,8 +17,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from tests.bus.processes import WorkerProcess, assert_store_answers, read_calls
-from tests.bus.test_processes import collecting, env_for
+from tests.support.processes import (
+    WorkerProcess,
+    assert_store_answers,
+    collecting,
+    env_for,
+    read_calls,
+)
 
 from debatebus.client import BusClient
 

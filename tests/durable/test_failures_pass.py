@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from tests.bus.conftest import running, transport_options
+from tests.support.bus import running, transport_options
 
 from debatebus import Budget, Debate, FunctionLLM, Judge, LLMRequest, Participant
 from debatebus.checkpoints import MemoryCheckpointStore, store_from_url

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tests.durable.test_group_commit import debate, llm
+from tests.support.group_commit import debate, llm
 
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.handlers import durable

@@ -7,8 +7,9 @@ import asyncio
 from typing import Any
 
 import pytest
+from tests.support.group_commit import debate, llm
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.checkpoints.base import Counters
 from debatebus.exceptions import TransportError
@@ -33,23 +34,6 @@ class RecordingStore(MemoryCheckpointStore):
             raise TransportError("store down")
         self.appends.append(len(entries))
         return await super().append_many(debate_id, entries, counters, retention_s=retention_s)
-
-
-def llm(calls: list[str], *, wait: bool) -> FunctionLLM:
-    async def answer(request: LLMRequest) -> Any:
-        calls.append(f"{request.purpose}:{request.round}:{request.speaker}")
-        if wait:
-            await asyncio.sleep(0.001)  # a model call the debate waits on
-        if request.purpose == "judge":
-            return {"consensus": False, "summary": "go on"}
-        return f"{request.speaker} argues"
-
-    return FunctionLLM(answer, model="fn")
-
-
-def debate(model: FunctionLLM, rounds: int = 3) -> Debate:
-    return Debate("gc", [Participant("a", "For."), Participant("b", "Against.")], llm=model,
-                  moderator=Participant("mod", "Moderate."), judge=Judge(), max_rounds=rounds)
 
 
 async def test_a_debate_that_waits_writes_each_step_as_it_goes() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from tests.bus.conftest import memory_app, running
+from tests.support.bus import memory_app, running
 
 from debatebus import Debate, FunctionLLM, LLMRequest, Participant
 from debatebus.checkpoints import MemoryCheckpointStore

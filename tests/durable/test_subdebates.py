@@ -9,7 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import msgspec
-from tests.bus.test_subdebates import (
+from tests.support.subdebates import (
     PANEL_SAYS,
     QUESTION,
     Calls,

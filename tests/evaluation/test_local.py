@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 from debatebus.evaluation import Evaluation, Single, Vote, arithmetic
 

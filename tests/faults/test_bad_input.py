@@ -7,9 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.bus.processes import WorkerProcess
-from tests.bus.test_processes import env_for
-from tests.faults.conftest import (
+from tests.support.faults import (
     dlq_entries,
     pending,
     publish_requests,
@@ -17,6 +15,7 @@ from tests.faults.conftest import (
     stream_results,
     wait_answered,
 )
+from tests.support.processes import WorkerProcess, env_for
 from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.bus.processes import WorkerProcess, calls_by_question
-from tests.bus.test_processes import collecting, env_for
-from tests.faults.conftest import (
+from tests.support.faults import (
     CALLS_PER_DEBATE,
     publish_requests,
     stream_results,
     wait_answered,
 )
+from tests.support.processes import WorkerProcess, calls_by_question, collecting, env_for
 from tests.support.servers import RedisServer, TansuServer
 
 pytestmark = [pytest.mark.slow]

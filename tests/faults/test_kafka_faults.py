@@ -12,8 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.bus.processes import WorkerProcess, calls_by_question, wait_until
-from tests.bus.test_processes import Collector, collecting, env_for
+from tests.support.processes import (
+    Collector,
+    WorkerProcess,
+    calls_by_question,
+    collecting,
+    env_for,
+    wait_until,
+)
 from tests.support.servers import RedisServer, TansuServer
 
 from debatebus.client import BusClient, request_message

@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 
 from debatebus.backoff import redelivery_delay
 from debatebus.client import BusClient

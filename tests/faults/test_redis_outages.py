@@ -11,15 +11,14 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from tests.bus.processes import WorkerProcess, committed_round_reruns
-from tests.bus.test_processes import env_for
-from tests.faults.conftest import (
+from tests.support.faults import (
     assert_exactly_once,
     pending,
     publish_requests,
     stream_results,
     wait_answered,
 )
+from tests.support.processes import WorkerProcess, committed_round_reruns, env_for
 from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis
-from tests.bus.conftest import running
+from tests.support.bus import running
 from tests.support.servers import RedisServer
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.bus.processes import ROOT, WorkerProcess
-from tests.bus.test_processes import env_for
+from tests.support.processes import ROOT, WorkerProcess, env_for
 from tests.support.servers import RedisServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]

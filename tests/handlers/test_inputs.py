@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tests.support.bus import make_debate
 
 from debatebus.exceptions import InputError
 from debatebus.handlers.inputs import MAX_ROUNDS_LIMIT, read_max_rounds
@@ -48,8 +49,6 @@ def test_good_max_rounds_never_exceed_the_debates_cap(value: Any, rounds: int | 
 
 
 async def test_a_handler_refuses_an_infinite_max_rounds_as_bad_input() -> None:
-    from tests.bus.conftest import make_debate
-
     handler = make_debate().as_handler()
     with pytest.raises(InputError, match=r"payload\.maxRounds must be a finite number"):
         await handler({"input": "t", "maxRounds": float("inf")})

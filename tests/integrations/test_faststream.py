@@ -13,33 +13,15 @@ from faststream.message import StreamMessage
 from faststream.redis import BinaryMessageFormatV1, RedisBroker, StreamSub
 from faststream.redis.testing import PEL, TestRedisBroker
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.exceptions import ConfigError
 from debatebus.integrations.faststream import mount
 from debatebus.integrations.faststream.host import raw_body
 from debatebus.integrations.faststream.redis_host import JSONMessageFormat
+from tests.support.faststream import counting_llm, debate, request
 
 EVENT = "debate:request"
 COMPLETED, FAILED = f"event:{EVENT}:completed", f"event:{EVENT}:failed"
-
-
-def counting_llm() -> FunctionLLM:
-    def answer(request: LLMRequest) -> Any:
-        if request.purpose == "judge":
-            return {"consensus": True, "summary": "agreed"}
-        return f"{request.speaker}: a view"
-
-    return FunctionLLM(answer)
-
-
-def debate(llm: FunctionLLM) -> Debate:
-    return Debate("fs", [Participant("pro", "For."), Participant("con", "Against.")], llm=llm,
-                  moderator=Participant("mod", "Moderate."), judge=Judge(), max_rounds=2)
-
-
-def request(request_id: str, **payload: Any) -> bytes:
-    return json.dumps({"requestId": request_id, "payload": payload}).encode()
 
 
 class HeaderlessPEL(PEL):

@@ -18,8 +18,8 @@ from debatebus.integrations.faststream import mount
 from debatebus.redis import cluster_key
 from debatebus.schemas.envelope import completed_topic
 from debatebus.transports.base import dlq_topic
-from tests.integrations.test_faststream import counting_llm, debate
 from tests.support.cluster import RedisClusterServers
+from tests.support.faststream import counting_llm, debate
 
 pytestmark = pytest.mark.redis
 

@@ -19,7 +19,7 @@ from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import BusClient, request_message
 from debatebus.handlers.contract import Handler
 from debatebus.integrations.faststream import mount
-from tests.integrations.test_faststream import counting_llm, debate, request
+from tests.support.faststream import counting_llm, debate, request
 from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.redis,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,12 +9,11 @@ import pytest
 
 import debatebus.llm
 from tests.llm.servers import FakeAPI, LlamaServer
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 # No test may reach a paid provider, whatever the environment holds (loopback stays allowed).
 debatebus.llm.ALLOW_MODEL_REQUESTS = False
 
-HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
-NO_LLAMA = "llama-cpp-python is not installed (scripts/install-local-model.sh installs it)"
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from debatebus.llm import AnthropicLLM, LLMRequest, Message
 from debatebus.llm.retry import RetryPolicy
 from debatebus.usage import TokenUsage
 from tests.llm.servers import FakeAPI, Reply, anthropic_error, anthropic_message
-from tests.llm.test_retry import Sleeps
+from tests.support.llm import Sleeps
 
 KEY = "sk-ant-api03-test-0123456789abcdef"
 REQUEST = LLMRequest(

@@ -8,8 +8,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from debatebus.llm import LLMRequest, Message, OpenAICompatibleLLM
-from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
 from tests.llm.servers import LlamaServer
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 pytestmark = [pytest.mark.local_llm, pytest.mark.skipif(not HAVE_LLAMA, reason=NO_LLAMA)]
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from debatebus.exceptions import LLMError
 from debatebus.llm import LLMRequest, Message
-from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 pytestmark = [pytest.mark.local_llm, pytest.mark.skipif(not HAVE_LLAMA, reason=NO_LLAMA)]
 

@@ -10,7 +10,7 @@ import pytest
 from debatebus import Debate, Participant
 from debatebus.client import BusClient
 from debatebus.worker import DebateBus
-from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 pytestmark = [
     pytest.mark.local_llm,

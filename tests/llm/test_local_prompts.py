@@ -13,7 +13,7 @@ import pytest
 
 from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant, ScriptedLLM, Verdict
 from debatebus.llm import LLMResponse, Message
-from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 pytestmark = [pytest.mark.local_llm, pytest.mark.skipif(not HAVE_LLAMA, reason=NO_LLAMA)]
 

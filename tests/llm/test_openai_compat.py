@@ -20,7 +20,7 @@ from debatebus.llm.openai_compat import OpenAICompatibleLLM, strict_json_schema
 from debatebus.llm.retry import RetryPolicy
 from debatebus.usage import TokenUsage
 from tests.llm.servers import FakeAPI, Reply, chat_completion
-from tests.llm.test_retry import Sleeps
+from tests.support.llm import Sleeps
 from tests.support.servers import free_port
 
 

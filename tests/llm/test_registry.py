@@ -20,7 +20,7 @@ from debatebus.llm import (
     resolve_llm,
 )
 from debatebus.redaction import redact
-from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 
 class Verdict(BaseModel):

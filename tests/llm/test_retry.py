@@ -19,16 +19,7 @@ from debatebus.llm.retry import (
     parse_retry_after,
 )
 from debatebus.redaction import redact
-
-
-class Sleeps:
-    """A RetryPolicy.sleep that records the delays instead of waiting."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.delays.append(seconds)
+from tests.support.llm import Sleeps
 
 
 class Flaky(Exception):

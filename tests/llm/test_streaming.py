@@ -28,9 +28,8 @@ from debatebus.llm.anthropic_llm import AnthropicLLM
 from debatebus.llm.openai_compat import OpenAICompatibleLLM
 from debatebus.llm.retry import RetryPolicy
 from debatebus.usage import TokenUsage
-from tests.llm.conftest import HAVE_LLAMA, NO_LLAMA
-from tests.llm.servers import FakeAPI, Reply, anthropic_events, chat_chunks
-from tests.llm.test_retry import Sleeps
+from tests.llm.servers import FakeAPI, Reply, anthropic_events, chat_chunks, chat_completion
+from tests.support.llm import HAVE_LLAMA, NO_LLAMA, Sleeps
 
 REQUEST = LLMRequest("You are terse.", (Message("user", "Say hi."),), speaker="a", purpose="turn")
 PIECES = ["Hello", " there", ", how", " are", " you", "?"]
@@ -172,8 +171,6 @@ async def test_openai_stream_says_what_the_server_reported_mid_stream(fake_api: 
 
 
 async def test_openai_streams_structured_requests_whole(fake_api: FakeAPI) -> None:
-    from tests.llm.servers import chat_completion
-
     fake_api.plan(Reply(json=chat_completion('{"consensus": false}')))
     judged = LLMRequest("s", (Message("user", "u"),), response_schema=Verdict)
     pieces, response = await read(openai_llm(fake_api, structured="instructions").stream(judged))

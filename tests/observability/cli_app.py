@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tests.bus.conftest import make_debate, transport_options
+from tests.support.bus import make_debate, transport_options
 
 from debatebus.worker import DebateBus
 

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tests.bus.conftest import make_debate, transport_options
+from tests.support.bus import make_debate, transport_options
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore

@@ -28,7 +28,7 @@ from jsonschema import Draft7Validator
 from jsonschema.exceptions import best_match
 from referencing import Registry
 from referencing.jsonschema import DRAFT7
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 
 from debatebus.asyncapi import build_asyncapi
 from debatebus.cli import main

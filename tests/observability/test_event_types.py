@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from tests.bus.conftest import make_debate, running
+from tests.support.bus import make_debate, running
 
 from debatebus.client import BusClient
 from debatebus.observability.logs import LoggingObserver

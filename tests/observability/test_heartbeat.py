@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from tests.bus.conftest import make_debate, running, transport_options
-from tests.bus.processes import WorkerProcess
 from tests.observability.observed import debatebus_check
+from tests.support.bus import make_debate, running, transport_options
+from tests.support.processes import WorkerProcess
 from tests.support.servers import free_port
 
 from debatebus.cli.observe_cmds import check, judge

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.bus.conftest import make_debate, running, transport_options
 from tests.observability.observed import DOOMED, FAKE_KEY, TIMEOUT, new_event_type, scripted_llm
+from tests.support.bus import make_debate, running, transport_options
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient

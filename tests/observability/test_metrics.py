@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
-from tests.bus.conftest import running, transport_options
 from tests.observability.observed import (
     DOOMED,
     TIMEOUT,
@@ -16,6 +15,7 @@ from tests.observability.observed import (
     first,
     new_event_type,
 )
+from tests.support.bus import running, transport_options
 
 from debatebus.client import BusClient
 from debatebus.observability.metrics import PrometheusObserver

@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from tests.bus.conftest import running, transport_options
 from tests.observability.observed import DOOMED, TIMEOUT, app_on, new_event_type
+from tests.support.bus import running, transport_options
 
 from debatebus.client import BusClient
 from debatebus.observability.observer import RequestContext

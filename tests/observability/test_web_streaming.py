@@ -19,8 +19,9 @@ import httpx
 import msgspec
 import pytest
 import redis.asyncio as redis
-from tests.bus.conftest import make_debate, running, transport_options
-from tests.observability.test_web import (
+from tests.support.bus import make_debate, running, transport_options
+from tests.support.servers import RedisServer, free_port
+from tests.support.web import (
     ARTIFACTS,
     CHROMIUM,
     TIMEOUT,
@@ -32,7 +33,6 @@ from tests.observability.test_web import (
     serving,
     wait_until,
 )
-from tests.support.servers import RedisServer, free_port
 
 from debatebus import FunctionLLM, LLMRequest
 from debatebus.client import BusClient

@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 import httpx
-from tests.observability.test_web import TIMEOUT, TOKEN, serving
+from tests.support.web import TIMEOUT, TOKEN, serving
 
 from debatebus import Debate, FunctionLLM, LLMRequest, Participant
 from debatebus.client import BusClient

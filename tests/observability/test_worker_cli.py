@@ -8,16 +8,14 @@ import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
 import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.bus.processes import ROOT
 from tests.observability.observed import debatebus_check
+from tests.support.processes import start_worker
 from tests.support.servers import free_port
 
 from debatebus.cli import build_parser
@@ -46,15 +44,6 @@ async def metric_line(port: int, prefix: str) -> str:
             if found:
                 return found[0]
             await asyncio.sleep(0.1)
-
-
-def start_worker(url: str, et: str, group: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DBB_BROKER": url, "DBB_EVENT_TYPE": et,
-           "DEBATEBUS_GROUP": group}
-    return subprocess.Popen(
-        [sys.executable, "-m", "debatebus", "worker", "tests.observability.cli_app:app",
-         "--metrics-port", str(port), "--log-format", "json", "--log-level", "INFO"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
 
 
 @pytest.mark.redis

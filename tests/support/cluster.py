@@ -19,6 +19,7 @@ from typing import TypeVar
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from tests.support import markers
 from tests.support.servers import free_port, wait_for_port
 
 __all__ = ["RedisClusterServers"]
@@ -41,6 +42,7 @@ class RedisClusterServers:
     @classmethod
     def start(cls, masters: int = 3, *, replicas: int = 0,
               node_timeout_ms: int = 2000) -> RedisClusterServers:
+        markers.require("redis", "a Redis Cluster")
         cli = shutil.which("redis-cli")
         if shutil.which("redis-server") is None or cli is None:
             raise RuntimeError("redis-server/redis-cli not found: install Debian's redis-server")

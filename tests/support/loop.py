@@ -14,6 +14,13 @@ class LoopTurns:
     def __init__(self) -> None:
         self.count = 0
         self._task: asyncio.Task[None] | None = None
+        self._wanted: tuple[int, asyncio.Event] | None = None
+
+    async def reach(self, count: int) -> None:
+        """Return once ``count`` turns have been counted."""
+        reached = asyncio.Event()
+        self._wanted = (count, reached)
+        await reached.wait()
 
     async def __aenter__(self) -> LoopTurns:
         self._task = asyncio.create_task(self._tick())
@@ -30,4 +37,6 @@ class LoopTurns:
     async def _tick(self) -> None:
         while True:
             self.count += 1
+            if self._wanted is not None and self.count >= self._wanted[0]:
+                self._wanted[1].set()
             await asyncio.sleep(0)

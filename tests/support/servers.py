@@ -21,6 +21,8 @@ from pathlib import Path
 
 import redis
 
+from tests.support import markers
+
 __all__ = ["RedisServer", "TansuServer", "free_port", "tansu_binary", "wait_for_port"]
 
 
@@ -57,6 +59,7 @@ class RedisServer:
     @classmethod
     def start(cls, *, appendonly: bool = True, appendfsync: str = "everysec",
               password: str | None = None) -> RedisServer:
+        markers.require("redis", "redis-server")
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server not found: install Debian's redis-server (.ci/run does)")
@@ -180,6 +183,7 @@ class TansuServer:
 
     @classmethod
     def start(cls) -> TansuServer:
+        markers.require("kafka", "Tansu")
         server = cls(free_port(), Path(tempfile.mkdtemp(prefix="debatebus-tansu-")))
         server._spawn()
         return server

@@ -1,40 +1,27 @@
-"""One factory per transport implementation; the contract suite runs against each of them."""
+"""One factory per transport implementation (the Redis ones also on a cluster); the contract suite
+runs against each of them. And the Kafka transport factory the Kafka-only tests share."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from tests.support.servers import TansuServer
+from tests.support.transports import GROUP_OPTIONS, Kind, with_protocol
 
 from debatebus.transports.base import Transport
+from debatebus.transports.kafka import KafkaTransport
 from debatebus.transports.memory import MemoryBroker, MemoryTransport
-
-
-@dataclass
-class Kind:
-    """What a transport can promise; the contract skips what a broker cannot do by design."""
-
-    name: str
-    make: Callable[[], Transport]
-    durable: bool = True  # unsettled messages are redelivered; messages published before a
-    # consumer exists are still delivered to it
-    groups: bool = True  # consumers of one group share (not duplicate) the messages
-    redelivery_wait: float = 0.0  # how long an abandoned delivery takes to come back
-    metadata: bool = True  # key and headers travel beside the body (Synkro's pub/sub wire has
-    # only the body: they live inside the envelope there)
-
+from debatebus.transports.redis_pubsub import RedisPubSubTransport
+from debatebus.transports.redis_streams import RedisStreamsTransport
 
 #: The Redis transports twice: over RESP2 and RESP3 (``?protocol=3``), whose replies redis-py
 #: shapes differently (XREAD/XREADGROUP: a list of pairs, or a dict).
+#: Then both over the session's 3-master Redis Cluster.
 KINDS = ["memory", "redis_streams-resp2", "redis_streams-resp3", "redis_pubsub-resp2",
-         "redis_pubsub-resp3", "kafka"]
-
-
-def with_protocol(url: str, protocol: int) -> str:
-    """``url`` with the RESP version redis-py must speak (``?protocol=N``)."""
-    return f"{url}{'&' if '?' in url else '?'}protocol={protocol}"
+         "redis_pubsub-resp3", "redis_streams-cluster", "redis_pubsub-cluster", "kafka"]
 
 
 def _memory(request: pytest.FixtureRequest) -> Kind:
@@ -44,8 +31,6 @@ def _memory(request: pytest.FixtureRequest) -> Kind:
 
 def _redis_streams(protocol: int) -> Callable[[pytest.FixtureRequest], Kind]:
     def make(request: pytest.FixtureRequest) -> Kind:
-        from debatebus.transports.redis_streams import RedisStreamsTransport
-
         url = with_protocol(request.getfixturevalue("redis_server").url, protocol)
         return Kind(
             "redis_streams",
@@ -57,17 +42,25 @@ def _redis_streams(protocol: int) -> Callable[[pytest.FixtureRequest], Kind]:
 
 def _redis_pubsub(protocol: int) -> Callable[[pytest.FixtureRequest], Kind]:
     def make(request: pytest.FixtureRequest) -> Kind:
-        from debatebus.transports.redis_pubsub import RedisPubSubTransport
-
         url = with_protocol(request.getfixturevalue("redis_server").url, protocol)
         return Kind("redis_pubsub", lambda: RedisPubSubTransport(url), durable=False,
                     groups=False, metadata=False)
     return make
 
 
-def _kafka(request: pytest.FixtureRequest) -> Kind:
-    from debatebus.transports.kafka import KafkaTransport
+def _redis_cluster_streams(request: pytest.FixtureRequest) -> Kind:
+    url = request.getfixturevalue("redis_cluster").url
+    return Kind("redis_streams", lambda: RedisStreamsTransport(url, claim_idle_ms=500, block_ms=100),
+                redelivery_wait=0.5)
 
+
+def _redis_cluster_pubsub(request: pytest.FixtureRequest) -> Kind:
+    url = request.getfixturevalue("redis_cluster").url
+    return Kind("redis_pubsub", lambda: RedisPubSubTransport(url), durable=False, groups=False,
+                metadata=False)
+
+
+def _kafka(request: pytest.FixtureRequest) -> Kind:
     server = request.getfixturevalue("tansu_server")
     return Kind(
         "kafka",
@@ -79,13 +72,8 @@ def _kafka(request: pytest.FixtureRequest) -> Kind:
 
 _MAKERS = {"memory": _memory, "redis_streams-resp2": _redis_streams(2),
            "redis_streams-resp3": _redis_streams(3), "redis_pubsub-resp2": _redis_pubsub(2),
-           "redis_pubsub-resp3": _redis_pubsub(3), "kafka": _kafka}
-
-
-@pytest.fixture(params=[2, 3], ids=["resp2", "resp3"])
-def redis_url(request: pytest.FixtureRequest) -> str:
-    """The session's redis-server over RESP2, then over RESP3."""
-    return with_protocol(request.getfixturevalue("redis_server").url, request.param)
+           "redis_pubsub-resp3": _redis_pubsub(3), "redis_streams-cluster": _redis_cluster_streams,
+           "redis_pubsub-cluster": _redis_cluster_pubsub, "kafka": _kafka}
 
 
 @pytest.fixture(params=KINDS)
@@ -102,4 +90,26 @@ def topic() -> str:
 @pytest.fixture
 async def transport(kind: Kind) -> AsyncIterator[Transport]:
     async with kind.make() as t:
+        yield t
+
+
+@pytest.fixture
+def make(tansu_server: TansuServer) -> Callable[..., KafkaTransport]:
+    def build(**options: Any) -> KafkaTransport:
+        return KafkaTransport(tansu_server.bootstrap, **{**GROUP_OPTIONS, **options})
+
+    return build
+
+
+@pytest.fixture
+def group() -> str:
+    """A group per test. Sharing one across tests on the session's broker would couple them, and
+    Tansu 0.6 strands a group whose leader was the last member to leave: the next member to
+    join is told the departed leader leads and never gets an assignment."""
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def kafka(make: Callable[..., KafkaTransport]) -> AsyncIterator[KafkaTransport]:
+    async with make() as t:
         yield t

@@ -18,19 +18,19 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, OffsetAndTimestamp, TopicPartition
+from aiokafka import OffsetAndTimestamp, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 from tests.support.servers import TansuServer, free_port
-from tests.transports.test_contract import Reader
+from tests.support.transports import WAIT, Reader, committed
 
 import debatebus
 from debatebus.exceptions import ConfigError, TransportError
@@ -50,42 +50,6 @@ from debatebus.transports.kafka.readers import time_starts
 
 pytestmark = pytest.mark.kafka
 
-WAIT = 60.0  # generous: a group join on Tansu takes ~1 s, a crashed member's expiry ~2-4 s
-GROUP_OPTIONS: dict[str, Any] = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 500}
-
-
-@pytest.fixture
-def make(tansu_server: TansuServer) -> Callable[..., KafkaTransport]:
-    def build(**options: Any) -> KafkaTransport:
-        return KafkaTransport(tansu_server.bootstrap, **{**GROUP_OPTIONS, **options})
-
-    return build
-
-
-@pytest.fixture
-def group() -> str:
-    """A group per test. Sharing one across tests on the session's broker would couple them, and
-    Tansu 0.6 strands a group whose leader was the last member to leave: the next member to
-    join is told the departed leader leads and never gets an assignment."""
-    return f"g-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-async def kafka(make: Callable[..., KafkaTransport]) -> AsyncIterator[KafkaTransport]:
-    async with make() as t:
-        yield t
-
-
-async def committed(server: TansuServer, group: str, topic: str, partition: int = 0) -> int | None:
-    """The group's committed offset, read by a consumer that does not join (so no rebalance)."""
-    reader = AIOKafkaConsumer(bootstrap_servers=server.bootstrap, group_id=group,
-                              enable_auto_commit=False)
-    await reader.start()
-    try:
-        offset: int | None = await reader.committed(TopicPartition(kafka_topic(topic), partition))
-        return offset
-    finally:
-        await reader.stop()
 
 
 async def eventually(check: Callable[[], Any], what: str, timeout: float = WAIT) -> None:
@@ -281,9 +245,14 @@ async def test_holding_messages_past_max_poll_interval_does_not_expel_the_consum
         assert await committed(tansu_server, group, topic) == 2
         assert revocations(caplog) == [], "the consumer was rebalanced during the hold"
 
-        async with make() as b:  # a second member gets nothing already handled
-            await Reader(b.consume([topic], group=group, consumer="b")).nothing(6.0)
         reader.stop()
+        await a.publish(Outgoing(topic, b"sentinel"))
+    # Once it has left, the next member gets nothing already handled: it starts at the committed
+    # offset, so the sentinel published after is the first thing it reads.
+    async with make() as b:
+        after = Reader(b.consume([topic], group=group, consumer="b"))
+        assert (await after.next(WAIT)).body == b"sentinel"
+        after.stop()
 
 
 async def test_late_ack_after_revocation_publishes_but_does_not_commit(

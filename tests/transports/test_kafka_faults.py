@@ -14,9 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 from tests.support.servers import TansuServer
-from tests.transports import test_kafka_extra as extra
-from tests.transports.test_contract import Reader
-from tests.transports.test_kafka_extra import GROUP_OPTIONS, WAIT, committed
+from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 
 from debatebus.exceptions import MessageTooLargeError, TransportError
 from debatebus.transports.base import DELIVERIES_HEADER, Delivery, Outgoing, dlq_topic
@@ -24,8 +22,6 @@ from debatebus.transports.kafka import KafkaTransport
 from debatebus.transports.kafka.errors import producing
 
 pytestmark = pytest.mark.kafka
-
-make, group = extra.make, extra.group  # the same fixtures
 
 
 async def records_in(t: KafkaTransport, topic: str) -> int:
@@ -53,7 +49,10 @@ async def test_too_large_result_raises_and_leaves_the_delivery_unsettled(
         assert caught.value.size > 20_000
         assert str(caught.value.size) in str(caught.value) and "10000" in str(caught.value)
         assert await committed(tansu_server, group, topic) is None  # still unsettled
-        await listener.nothing(1.0)  # the call failed whole: not even the small result went out
+        # The call failed whole: not even the small result went out (it would be on the results
+        # partition of key r-1 before this sentinel).
+        await t.publish(Outgoing(results, b"sentinel", key="r-1"))
+        assert (await listener.next(WAIT)).body == b"sentinel"
 
         await t.ack(got, [Outgoing(results, b'{"failed":"too large"}', key="r-1")])
         assert (await listener.next(WAIT)).body == b'{"failed":"too large"}'
@@ -173,8 +172,14 @@ async def test_acks_after_the_iterator_closed_commit_so_nothing_is_redelivered(
     await t.close()  # after the drain: commits, then leaves the group
     assert sum([await committed(tansu_server, group, topic, p) or 0 for p in range(3)]) == 8
 
+    # Nothing is answered twice: a successor starts at the committed offsets, so a sentinel behind
+    # each request (same key, same partition) is the first thing it reads on every partition.
     async with make() as successor:
-        await Reader(successor.consume([topic], group=group, consumer="w2")).nothing(8.0)
+        for i in range(8):
+            await successor.publish(Outgoing(topic, b"sentinel", key=f"r{i}"))
+        reader = Reader(successor.consume([topic], group=group, consumer="w2"))
+        assert [(await reader.next(WAIT)).body for _ in range(8)] == [b"sentinel"] * 8
+        reader.stop()
 
 
 async def test_consume_again_takes_over_the_deliveries_in_flight(

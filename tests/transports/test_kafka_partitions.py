@@ -16,16 +16,17 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from tests.bus.processes import (
+from tests.support.processes import (
+    Collector,
     WorkerProcess,
     assert_store_answers,
+    collecting,
     committed_round_reruns,
+    env_for,
     read_calls,
 )
-from tests.bus.test_processes import Collector, collecting, env_for
 from tests.support.servers import RedisServer, TansuServer
-from tests.transports.test_contract import Reader
-from tests.transports.test_kafka_extra import GROUP_OPTIONS, WAIT, committed
+from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
@@ -95,18 +96,18 @@ async def test_concurrent_acks_share_one_offset_commit(tansu_server: TansuServer
 
 async def test_an_ack_waits_for_no_timer(tansu_server: TansuServer) -> None:
     """An ack's commit starts at once, not ``linger_ms`` after it (which only batches produced
-    records): with a 3 s linger, an ack without results returns, committed, well before."""
+    records): with a 30 s linger, an ack without results returns, committed, well before."""
     topic, group = f"debate:now{uuid.uuid4().hex[:6]}", f"g-{uuid.uuid4().hex[:8]}"
     async with KafkaTransport(tansu_server.bootstrap, partitions=1, **GROUP_OPTIONS) as t:
         await t.ensure_topics([topic])
         await t.publish(Outgoing(topic, b"m", key="r"))
-    options = {**GROUP_OPTIONS, "linger_ms": 3000}
+    options = {**GROUP_OPTIONS, "linger_ms": 30_000}
     async with KafkaTransport(tansu_server.bootstrap, partitions=1, **options) as t:
         reader = Reader(t.consume([topic], group=group, consumer="c1"))
         delivery = await reader.next(WAIT)
         started = time.monotonic()
         await t.ack(delivery)
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 15.0  # half the linger: room for a loaded machine
         assert await committed(tansu_server, group, topic) == 1
         reader.stop()
 

@@ -23,7 +23,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import MaxConnectionsError, RedisError
 from tests.support.servers import RedisServer, free_port
-from tests.transports.test_contract import Reader
+from tests.support.transports import Reader
 
 from debatebus.exceptions import TransportError
 from debatebus.redis import transport_error
@@ -168,14 +168,25 @@ async def test_200_requeues_at_once_all_land_and_come_back_counted(
 
 async def test_a_live_consumers_long_work_is_not_taken_over(redis_server: RedisServer,
                                                              topic: str, raw: Redis) -> None:
-    """The holder refreshes its entries every claim_idle_ms/3, so another consumer polling for
-    several claim periods never sees them (a generous margin: a stall would need > 2/3 of it)."""
-    async with RedisStreamsTransport(redis_server.url, claim_idle_ms=1500, block_ms=100) as holder, \
-            RedisStreamsTransport(redis_server.url, claim_idle_ms=1500, block_ms=100) as other:
+    """The holder refreshes its entries every claim_idle_ms/3, so another consumer never takes
+    them over. The positive signal that the other consumer did look: an entry of a consumer that
+    died, published after the held one, which it takes over (claims go in entry order, so the
+    held entry, idle longer, would come first if its holder had let it go idle)."""
+    url = redis_server.url
+    async with RedisStreamsTransport(url, claim_idle_ms=1500, block_ms=100) as holder, \
+            RedisStreamsTransport(url, claim_idle_ms=1500, block_ms=100) as other:
         await holder.publish(Outgoing(topic, REQUEST))
-        held = await Reader(holder.consume([topic], group="workers", consumer="holder")).next()
-        await Reader(other.consume([topic], group="workers", consumer="other")).nothing(5.0)
+        # Pulled once, not pumped: the holder reads nothing more, the orphan is the dying one's.
+        holding = holder.consume([topic], group="workers", consumer="holder")
+        held = await asyncio.wait_for(anext(holding), 15)
+        await holder.publish(Outgoing(topic, b'{"orphan":true}'))
+        async with RedisStreamsTransport(url, claim_idle_ms=1500, block_ms=100) as dying:
+            orphan = await Reader(dying.consume([topic], group="workers", consumer="dies")).next()
+        taken = await Reader(other.consume([topic], group="workers", consumer="other")).next()
+        assert (taken.id, taken.deliveries) == (orphan.id, 2)
+        await other.ack(taken)
         await holder.ack(held)
+        await holding.aclose()
     assert (await raw.xpending(topic, "workers"))["pending"] == 0
 
 

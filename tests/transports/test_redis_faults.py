@@ -22,8 +22,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 from tests.support.servers import RedisServer
-from tests.transports.conftest import with_protocol
-from tests.transports.test_contract import Reader
+from tests.support.transports import Reader, with_protocol
 
 from debatebus.exceptions import TransportError
 from debatebus.transports.base import RECOVERED_HEADER, Delivery, Outgoing

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from tests.support.servers import RedisServer
-from tests.transports.test_contract import Reader
+from tests.support.transports import Reader
 
 from debatebus.checkpoints import store_for_broker
 from debatebus.exceptions import ConfigError

@@ -1,17 +1,25 @@
-"""Starting and stopping worker processes for tests."""
+"""Starting and stopping worker processes for tests, their environment, and a collector of the
+results they publish."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from debatebus.client import BusClient
+from debatebus.schemas.envelope import Envelope
+from tests.support.bus import transport_options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,3 +134,63 @@ def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.05) ->
             return
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def env_for(url: str, event_type: str, tmp_path: Path, **extra: Any) -> dict[str, str]:
+    # A fresh group per test: Tansu can strand a group whose leader was the last member to leave.
+    env = {"DBB_BROKER": url, "DBB_EVENT_TYPE": event_type, "DBB_GROUP": f"g-{uuid.uuid4().hex[:8]}",
+           "DBB_CALLS_LOG": str(tmp_path / "calls.log")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Collector:
+    """Every result envelope on an event type's completed/failed topics, by request id."""
+
+    def __init__(self) -> None:
+        self.results: list[Envelope] = []
+        self.task: asyncio.Task[None] | None = None
+        self.arrived = asyncio.Event()
+
+    async def start(self, client: BusClient, event_type: str) -> None:
+        it = await client.results(event_type)
+
+        async def pump() -> None:
+            async for envelope in it:
+                self.results.append(envelope)
+                self.arrived.set()
+
+        self.task = asyncio.create_task(pump())
+
+    def counts(self) -> Counter[str]:
+        return Counter(e.request_id for e in self.results)
+
+    async def wait_for(self, ids: list[str], timeout: float) -> None:
+        await self.wait_for_count(ids, 1, timeout)
+
+    async def wait_for_count(self, ids: list[str], count: int, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while any(self.counts()[i] < count for i in ids):
+                await self.arrived.wait()
+                self.arrived.clear()
+
+
+@contextlib.asynccontextmanager
+async def collecting(url: str, event_type: str) -> AsyncIterator[tuple[BusClient, Collector]]:
+    async with BusClient(url, **transport_options(url)) as client:
+        collector = Collector()
+        await collector.start(client, event_type)
+        try:
+            yield client, collector
+        finally:
+            if collector.task:
+                collector.task.cancel()
+
+
+def start_worker(url: str, et: str, group: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DBB_BROKER": url, "DBB_EVENT_TYPE": et,
+           "DEBATEBUS_GROUP": group}
+    return subprocess.Popen(
+        [sys.executable, "-m", "debatebus", "worker", "tests.observability.cli_app:app",
+         "--metrics-port", str(port), "--log-format", "json", "--log-level", "INFO"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
