@@ -102,6 +102,12 @@ def far_interval(at_least: float = 30.0) -> float:
     return next(i for i in range(60, 600) if next_tick(now, i) - now > at_least)
 
 
+async def collect(source: EventSource, got: list[bytes]) -> None:
+    """Reads ``source``'s events into ``got`` until it ends or fails."""
+    async for batch in source.batches():
+        got.extend(batch)
+
+
 def flat(batches: Sequence[Sequence[bytes]]) -> list[bytes]:
     return [data for batch in batches for data in batch]
 
@@ -191,8 +197,7 @@ async def test_a_connection_closed_before_the_body_ended(framing: str) -> None:
     async with serving(writes(response)) as (url, _):
         source = await open_events(url, {}, b"{}", timeout=5.0)
         with pytest.raises(ConnectionError, match="closed the connection before the response"):
-            async for batch in source.batches():
-                got.extend(batch)
+            await collect(source, got)
         source.close()
     assert got == DATAS  # what came before the close was handed on
 
@@ -215,8 +220,7 @@ async def test_a_wait_past_the_timeout_is_a_timeout_error() -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         with pytest.raises(TimeoutError):
-            async for batch in source.batches():
-                got.extend(batch)
+            await collect(source, got)
         source.close()
         waited = loop.time() - started
     assert got == [DATAS[0]]
@@ -341,6 +345,11 @@ async def test_anthropic_streams_through_sse_with_its_headers_paced() -> None:
     assert body["model"] == "claude-x"
 
 
+async def read_stream(llm: AnthropicLLM) -> str:
+    async with llm.stream(REQUEST) as stream:
+        return "".join([piece async for piece in stream])
+
+
 async def test_anthropic_says_what_the_server_reported_mid_stream() -> None:
     from debatebus.exceptions import LLMError
 
@@ -351,9 +360,7 @@ async def test_anthropic_says_what_the_server_reported_mid_stream() -> None:
         llm = AnthropicLLM("claude-x", api_key="k", base_url=url,
                            retry_policy=RetryPolicy(max_retries=0, timeout=5))
         with pytest.raises(LLMError, match="the server reported an error: Overloaded"):
-            async with llm.stream(REQUEST) as stream:
-                async for _ in stream:
-                    pass
+            await read_stream(llm)
 
 
 async def proxy_answering(events: Sequence[bytes]) -> Script:

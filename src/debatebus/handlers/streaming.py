@@ -50,7 +50,7 @@ def check_interval(interval_s: float) -> float:
 
 class TurnStreams:
     """One request's streamed turns: an ``OnText`` for its run, which publishes each turn through
-    ``publish`` every ``interval_s`` at most.
+    ``publish`` once a tick of ``interval_s`` at most (``debatebus.llm.base.tick``).
 
     ``for_run`` says which turns are re-runs: none on a request's first attempt; on a retry (it
     was delivered before, or its checkpoint was started by another attempt), those an earlier

@@ -140,8 +140,9 @@ class LLM(Protocol):
     async def complete(self, request: LLMRequest) -> LLMResponse: ...
 
     def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
-        """The answer to ``request`` as it is written (see ``LLMStream``), in pieces at most every
-        ``interval_s`` where reading costs. By default the text of ``complete`` in one piece."""
+        """The answer to ``request`` as it is written (see ``LLMStream``), in pieces at the ticks
+        of ``interval_s`` (``next_tick``) where reading costs. By default the text of
+        ``complete`` in one piece."""
         return LLMStream(streamed_whole(lambda: self.complete(request)))
 
 

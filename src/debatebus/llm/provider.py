@@ -192,7 +192,7 @@ class SDKProvider(LLM, abc.ABC, Generic[ClientT]):
         )
 
     def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
-        """The answer as the server writes it, the connection read at most every ``interval_s``
+        """The answer as the server writes it, the connection read at the ticks of ``interval_s``
         (``debatebus.llm.sse``; through a proxy, the SDK's stream, read as it comes). A request
         with a ``response_schema`` is answered by ``complete`` in one piece: structured output is
         checked (and repaired) whole."""

@@ -120,10 +120,11 @@ class _Buffer(asyncio.Protocol):
     async def wait(self, until: float | None = None, *, more_than: int = 0) -> None:
         """Until there are more than ``more_than`` bytes or the connection has ended, and not
         before ``until`` (the loop's clock: reading is paused until then, unless the connection
-        ends meanwhile). ``TimeoutError`` after ``timeout`` s without data."""
+        has ended, or ends meanwhile: what is left is all there is). ``TimeoutError`` after
+        ``timeout`` s without data."""
         loop = self._loop
         self._more_than = more_than
-        if until is not None and until > loop.time():
+        if until is not None and until > loop.time() and not self.ended:
             assert self.transport is not None
             self.transport.pause_reading()
             self._held = loop.call_at(until, self._release)
