@@ -9,6 +9,12 @@ sent as text blocks cut there, with ``cache_control`` on the block that ends the
 prefix (so later calls read what this one writes), on the first (the stable head: system text and
 question), and on enough between them that every earlier write lies within the ~20 blocks Anthropic
 looks back from a breakpoint: at most 4. Prompts below the model's minimum are not cached.
+
+A streamed answer is read by ``debatebus.llm.sse`` with the SDK's headers (paced reads, each
+read's events handed on together), its events decoded here with msgspec into the few fields a
+turn needs, a read's in one call, rather than by the SDK's stream (httpx, and a pydantic model of
+every event). Through a proxy, the SDK's raw streaming response (``with_streaming_response``) is
+read instead.
 """
 
 from __future__ import annotations
