@@ -14,7 +14,7 @@ the same debate (3 participants × 2 rounds, durable, events published) on a pri
 - ``provider stream``: the same, but each call reads the provider's stream (no deltas): what the
   SDK's streaming costs by itself;
 - ``streamed``: ``as_handler(stream_turns=True)``: the turns are read as streams and published
-  as ``turn_delta`` events, every 100 ms at most.
+  as ``turn_delta`` events, at 100 ms ticks at most (the provider read at the same ticks).
 
 Each round runs ``--debates`` debates at once on each worker in turn (alternating, so the machine's
 noise falls on all three); CPU per token is the worker's user + system time (``/proc``) over the

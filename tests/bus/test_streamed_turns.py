@@ -122,11 +122,13 @@ async def test_deltas_rebuild_each_turn_exactly_in_order_within_the_batching_bou
     assert deltas[2, "critic"][-1].replace  # the text as kept replaces what was sent
     assert transcript[1]["turns"][1]["text"] == f"{' '.join(f'critic-{i}' for i in range(WORDS))}."
 
-    # The bound: a turn's non-final deltas are at least INTERVAL_S apart over its call, plus
-    # its final one. Each turn had WORDS + 1 pieces: batching is what keeps the count down.
+    # The bound: a turn's first delta at once, then one a tick at most (the ticks INTERVAL_S
+    # apart on the loop's clock: over a call of D s, the first delta's tick and at most
+    # floor(D / INTERVAL_S) + 1 more), plus its final one. Each turn had WORDS + 1 pieces:
+    # batching is what keeps the count down.
     durations = {turn_of(e): e.duration_ms / 1000 for e in events  # type: ignore[union-attr]
                  if turn_of(e) is not None}
-    bounds = {turn: math.floor(durations[turn] / INTERVAL_S) + 2 for turn in deltas}
+    bounds = {turn: math.floor(durations[turn] / INTERVAL_S) + 3 for turn in deltas}
     for turn, written in deltas.items():
         assert len(written) <= bounds[turn], (turn, len(written), durations[turn])
     delta_count = sum(isinstance(e, ev.TurnDelta) for e in events)

@@ -184,11 +184,12 @@ async def test_openai_streams_structured_requests_whole(fake_api: FakeAPI) -> No
 
 async def test_anthropic_streams_text_deltas_with_the_usage_of_start_and_delta(
         fake_api: FakeAPI) -> None:
-    fake_api.plan(Reply(stream=anthropic_events(PIECES, input_tokens=12, output_tokens=7)))
+    fake_api.plan(Reply(stream=anthropic_events(PIECES, input_tokens=12, output_tokens=7),
+                        stream_delay=0.05))
     llm = AnthropicLLM("fake-claude", base_url=fake_api.url,
                        retry_policy=RetryPolicy(max_retries=1, sleep=Sleeps()))
     pieces, response = await read(llm.stream(REQUEST))
-    assert pieces == PIECES
+    assert pieces == PIECES  # read as they come: a piece per event written on its own
     assert (response.text, response.usage) == ("".join(PIECES), TokenUsage.of(12, 7))
     (body,) = fake_api.bodies()
     assert body["stream"] is True

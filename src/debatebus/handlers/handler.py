@@ -135,7 +135,7 @@ class DebateHandler:
 
     ``stream_turns=True`` publishes each turn's text while the model writes it, as ``TurnDelta``
     events on the worker's events topic (``DebateBus(publish_events=True)``; without it there is
-    nowhere to publish them), at most every ``stream_interval_s`` seconds per turn: see
+    nowhere to publish them), once a tick of ``stream_interval_s`` seconds per turn at most: see
     ``debatebus.handlers.streaming``.
 
     A debate is kept in the store under its id within the event type it was asked on (called

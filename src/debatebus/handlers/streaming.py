@@ -3,8 +3,10 @@ events on the events topic, batched by time.
 
 The engine hands each piece of a free-text call's answer to a ``TurnText`` (``on_text``, see
 ``debatebus.engine.run``); here that is a ``TurnDeltas``, which publishes what arrived at most
-every ``interval_s`` (the first piece at once), one publish of a turn in flight at a time, so its
-deltas leave in order and a 500-token turn written in 5 s is about 50 messages, not 500. Its
+at most once a tick (``debatebus.llm.base.tick``: every ``interval_s`` on the loop's clock, the
+ticks at which a provider reads its stream, so that a piece read at a tick is published at once),
+the first piece at once, one publish of a turn in flight at a time, so its deltas leave in order
+and a 500-token turn written in 5 s is about 50 messages, not 500. Its
 ``commit`` publishes the last delta, ``final``, which makes the turn's text exactly what the
 transcript keeps (the model's raw text cleaned: a heading dropped, cut where another speaker
 starts): the rest of it, or the whole text, marked ``replace``, when cleaning changed what was
@@ -24,6 +26,7 @@ from typing import Final
 
 from debatebus.engine.run import TurnKey
 from debatebus.exceptions import ConfigError
+from debatebus.llm.base import next_tick, tick
 from debatebus.schemas.events import TurnDelta
 
 __all__ = ["DEFAULT_STREAM_INTERVAL_S", "OnDelta", "TurnDeltas", "TurnStreams",
@@ -47,7 +50,7 @@ def check_interval(interval_s: float) -> float:
 
 class TurnStreams:
     """One request's streamed turns: an ``OnText`` for its run, which publishes each turn through
-    ``publish`` every ``interval_s`` at most.
+    ``publish`` once a tick of ``interval_s`` at most (``debatebus.llm.base.tick``).
 
     ``for_run`` says which turns are re-runs: none on a request's first attempt; on a retry (it
     was delivered before, or its checkpoint was started by another attempt), those an earlier
@@ -88,7 +91,7 @@ class TurnStreams:
 class TurnDeltas:
     """One writing of one turn, published as ``TurnDelta`` events (a ``TurnText``)."""
 
-    __slots__ = ("_loop", "_pending", "_sending", "_sent", "_sent_at", "_timer", "closed",
+    __slots__ = ("_loop", "_pending", "_sending", "_sent", "_sent_tick", "_timer", "closed",
                  "key", "rerun", "seq", "streams")
 
     def __init__(self, streams: TurnStreams, key: TurnKey, rerun: bool) -> None:
@@ -100,7 +103,7 @@ class TurnDeltas:
         self._loop = asyncio.get_running_loop()
         self._pending: list[str] = []  # arrived, not yet published
         self._sent: list[str] = []  # the text published so far
-        self._sent_at = -float("inf")
+        self._sent_tick: int | None = None  # the tick of the last publish
         self._timer: asyncio.TimerHandle | None = None
         self._sending: asyncio.Task[None] | None = None
 
@@ -117,12 +120,12 @@ class TurnDeltas:
             self._schedule()
 
     def _schedule(self) -> None:
-        """Publish what is pending once ``interval_s`` has passed since the last publish."""
-        wait = self._sent_at + self.streams.interval_s - self._loop.time()
-        if wait <= 0:
+        """Publish what is pending now, or at the next tick when this one had a publish."""
+        interval_s, now = self.streams.interval_s, self._loop.time()
+        if self._sent_tick is None or tick(now, interval_s) > self._sent_tick:
             self._send()
         else:
-            self._timer = self._loop.call_later(wait, self._send)
+            self._timer = self._loop.call_at(next_tick(now, interval_s), self._send)
 
     def _send(self) -> None:
         self._timer = None
@@ -131,7 +134,7 @@ class TurnDeltas:
         text = "".join(self._pending)
         self._pending.clear()
         self._sent.append(text)
-        self._sent_at = self._loop.time()
+        self._sent_tick = tick(self._loop.time(), self.streams.interval_s)
         self._sending = asyncio.create_task(self._publish(self._delta(text, final=False)))
 
     async def _publish(self, delta: TurnDelta) -> None:

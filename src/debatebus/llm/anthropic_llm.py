@@ -9,12 +9,20 @@ sent as text blocks cut there, with ``cache_control`` on the block that ends the
 prefix (so later calls read what this one writes), on the first (the stable head: system text and
 question), and on enough between them that every earlier write lies within the ~20 blocks Anthropic
 looks back from a breakpoint: at most 4. Prompts below the model's minimum are not cached.
+
+A streamed answer is read by ``debatebus.llm.sse`` with the SDK's headers (paced reads, each
+read's events handed on together), its events decoded here with msgspec into the few fields a
+turn needs, a read's in one call, rather than by the SDK's stream (httpx, and a pydantic model of
+every event). Through a proxy, the SDK's raw streaming response (``with_streaming_response``) is
+read instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
+
+import msgspec
 
 try:
     import anthropic
@@ -29,13 +37,14 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
         "AnthropicLLM needs the anthropic SDK: pip install 'debatebus[anthropic]'"
     ) from _exc
 
-from debatebus.exceptions import ConfigError, LLMResponseError
+from debatebus.exceptions import ConfigError, LLMError, LLMResponseError
 from debatebus.llm.base import LLMRequest, Message
 from debatebus.llm.provider import (
     DETAIL_LIMIT,
     SDKProvider,
     SDKStream,
     api_key_or_placeholder,
+    data_lines,
     key_hint,
 )
 from debatebus.llm.retry import (
@@ -45,6 +54,7 @@ from debatebus.llm.retry import (
     RetryPolicy,
     map_sdk_error,
 )
+from debatebus.llm.sse import EventSource
 from debatebus.llm.structured import Completion
 from debatebus.redaction import redact
 from debatebus.usage import TokenUsage
@@ -175,44 +185,130 @@ def _usage_of(usage: Any, answer: object) -> TokenUsage | None:
                          cache_write_tokens=written)
 
 
+class _Usage(msgspec.Struct, gc=False):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+
+
+class _Started(msgspec.Struct, gc=False):
+    usage: _Usage | None = None
+
+
+class _Delta(msgspec.Struct, gc=False):
+    type: str = ""
+    text: str = ""
+
+
+class _Event(msgspec.Struct, gc=False):
+    """What a turn reads of a streamed Messages event (other fields are skipped): a text delta
+    (``content_block_delta``), the usage of ``message_start`` and ``message_delta``, an
+    ``error``."""
+
+    type: str = ""
+    delta: _Delta | None = None
+    message: _Started | None = None
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_EVENT = msgspec.json.Decoder(_Event)
+_EVENTS = msgspec.json.Decoder(list[_Event])
+
+
+def _events(datas: list[bytes], model: str) -> list[_Event]:
+    """The events of one read, decoded in one go; an ``LLMResponseError`` naming the one that
+    is not an event."""
+    try:
+        return _EVENTS.decode(b"[" + b",".join(datas) + b"]")
+    except msgspec.DecodeError:
+        for data in datas:
+            try:
+                _EVENT.decode(data)
+            except msgspec.DecodeError as exc:
+                raise LLMResponseError(
+                    f"{model}: malformed stream event {data[:200].decode(errors='replace')!r}: "
+                    f"{exc}") from exc
+        raise
+
+
+class _EventBatches:
+    """A streaming response's events read by ``debatebus.llm.sse``, decoded, a batch per read,
+    up to ``message_stop``; once ``message_delta`` says the answer is written, the rest is read as
+    it comes (``EventSource.hurry``)."""
+
+    def __init__(self, source: EventSource, model: str) -> None:
+        self._source = source
+        self._model = model
+
+    async def __aiter__(self) -> AsyncIterator[list[_Event]]:
+        async for datas in self._source.batches():
+            events = _events(datas, self._model)
+            last = events[-1].type
+            if last == "message_delta":
+                self._source.hurry()
+            yield events
+            if last == "message_stop":
+                return
+
+    async def close(self) -> None:
+        self._source.close()
+
+
+class _EventStream:
+    """The same through the SDK's raw streaming response (a proxied server), an event at a
+    time."""
+
+    def __init__(self, response: Any, model: str) -> None:
+        self._response = response
+        self._model = model
+
+    async def __aiter__(self) -> AsyncIterator[list[_Event]]:
+        async for data in data_lines(self._response):
+            events = _events([data], self._model)
+            yield events
+            if events[-1].type == "message_stop":
+                return
+
+    async def close(self) -> None:
+        await self._response.close()
+
+
 class _EventReader:
     """A streamed message's events: the text of its text deltas, the input tokens its start
     reports and the output tokens its last ``message_delta`` counts."""
 
-    __slots__ = ("_output", "_start")
+    __slots__ = ("_output", "_start", "model")
 
-    def __init__(self) -> None:
-        self._start: Any = None  # the usage message_start reports
-        self._output: object = None
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._start: _Usage | None = None  # the usage message_start reports
+        self._output: int | None = None
 
-    def feed(self, event: Any) -> str:
-        kind = event.type
-        if kind == "content_block_delta":
-            return event.delta.text if event.delta.type == "text_delta" else ""
-        if kind == "message_start":
-            self._start = event.message.usage
-            self._output = getattr(self._start, "output_tokens", None)
-        elif kind == "message_delta":
-            self._output = getattr(event.usage, "output_tokens", self._output)
-        return ""
+    def feed(self, events: Sequence[_Event]) -> str:
+        parts = []
+        for event in events:
+            kind = event.type
+            if kind == "content_block_delta":
+                if (delta := event.delta) is not None and delta.type == "text_delta":
+                    parts.append(delta.text)
+            elif kind == "message_start" and event.message is not None:
+                self._start = event.message.usage
+                self._output = None if self._start is None else self._start.output_tokens
+            elif kind == "message_delta" and event.usage is not None:
+                if event.usage.output_tokens is not None:
+                    self._output = event.usage.output_tokens
+            elif kind == "error":  # a server's error after the stream began (overloaded…)
+                error = event.error
+                said = error.get("message", error) if isinstance(error, dict) else error
+                raise LLMError(f"{self.model}: the server reported an error: "
+                               f"{str(said)[:DETAIL_LIMIT]}")
+        return "".join(parts)
 
     @property
     def usage(self) -> TokenUsage | None:
         return None if self._start is None else _usage_of(self._start, self._output)
-
-
-class _OneByOne:
-    """The SDK's stream (``AsyncStream``), an event per batch."""
-
-    def __init__(self, events: Any) -> None:
-        self._events = events
-
-    async def __aiter__(self) -> AsyncIterator[list[Any]]:
-        async for event in self._events:
-            yield [event]
-
-    async def close(self) -> None:
-        await self._events.close()
 
 
 def _to_completion(message: Any, model: str) -> Completion:
@@ -289,18 +385,27 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
         self._caching = prompt_caching
         self._min_cacheable = min_cacheable_tokens(model)
 
-    def _params(self, request: LLMRequest) -> dict[str, Any]:
-        extra: dict[str, Any] = {}
-        if self._temperature is not None:
-            extra["temperature"] = self._temperature
-        return {
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
+        """The Messages API's fields for ``request``, as sent on the wire."""
+        body: dict[str, Any] = {
             "model": self._model,
             "max_tokens": request.max_tokens or self._max_tokens,
             "messages": _messages(request, self._caching),
-            "system": request.system or anthropic.omit,
-            "stop_sequences": list(request.stop) or anthropic.omit,
-            "extra_body": extra or None,
         }
+        if request.system:
+            body["system"] = request.system
+        if request.stop:
+            body["stop_sequences"] = list(request.stop)
+        if self._temperature is not None:
+            body["temperature"] = self._temperature
+        return body
+
+    def _params(self, request: LLMRequest) -> dict[str, Any]:
+        """The same as the SDK's keywords: ``temperature`` as an extra body field."""
+        params = self._body(request)
+        temperature = params.pop("temperature", None)
+        return {**params, "extra_body": None if temperature is None
+                else {"temperature": temperature}}
 
     async def _send(self, request: LLMRequest) -> Completion:
         params = self._params(request)
@@ -318,10 +423,17 @@ class AnthropicLLM(SDKProvider[anthropic.AsyncAnthropic]):
             self._note_too_short_to_cache(usage.prompt_tokens, self._min_cacheable)
 
     async def _open_stream(self, request: LLMRequest, interval_s: float) -> SDKStream:
-        return _OneByOne(await self._client.messages.create(**self._params(request), stream=True))
+        if self._proxied:
+            # Entered here, closed by the stream: an error status is raised on entering.
+            response = await self._client.messages.with_streaming_response.create(
+                **self._params(request), stream=True).__aenter__()
+            return _EventStream(response, self._model)
+        source = await self._open_events("/v1/messages", {**self._body(request), "stream": True},
+                                         interval_s)
+        return _EventBatches(source, self._model)
 
     def _sdk_headers(self) -> Mapping[str, object]:
         return {**self._client.default_headers, **self._client.auth_headers}
 
     def _stream_reader(self) -> _EventReader:
-        return _EventReader()
+        return _EventReader(self._model)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -13,7 +14,7 @@ from pydantic import BaseModel
 from debatebus.usage import TokenUsage
 
 __all__ = ["LLM", "LLMRequest", "LLMResponse", "LLMStream", "Message", "Piece", "model_name",
-           "streamed_whole"]
+           "next_tick", "streamed_whole", "tick"]
 
 Role = Literal["user", "assistant"]
 
@@ -129,8 +130,9 @@ class LLM(Protocol):
     ``stream`` has a default, the answer of ``complete`` in one piece: a class that subclasses
     ``LLM`` gets it (every shipped model does, and the providers override it to stream tokens as
     the server sends them). Its ``interval_s`` says how often the caller takes pieces: a model
-    that reads a connection (the providers) reads it at most that often and hands on what arrived
-    meanwhile as one piece, which costs far less CPU than a read per token; 0, as they come."""
+    that reads a connection (the providers) reads it at the ticks of ``next_tick`` and hands on
+    what arrived meanwhile as one piece, which costs far less CPU than a read per token; 0, as
+    they come."""
 
     @property
     def model(self) -> str: ...
@@ -138,9 +140,27 @@ class LLM(Protocol):
     async def complete(self, request: LLMRequest) -> LLMResponse: ...
 
     def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
-        """The answer to ``request`` as it is written (see ``LLMStream``), in pieces at most every
-        ``interval_s`` where reading costs. By default the text of ``complete`` in one piece."""
+        """The answer to ``request`` as it is written (see ``LLMStream``), in pieces at the ticks
+        of ``interval_s`` (``next_tick``) where reading costs. By default the text of
+        ``complete`` in one piece."""
         return LLMStream(streamed_whole(lambda: self.complete(request)))
+
+
+def tick(now: float, interval_s: float) -> int:
+    """Which tick of a stream paced at ``interval_s`` ``now`` (the event loop's clock) is in:
+    ``now`` divided by ``interval_s``, rounded down, up to 2 ms (or a quarter interval) early
+    counting as at the tick: uvloop's timers and clock go by the millisecond, so a timer set for
+    a tick may fire a little before it, and its read must count as the tick's."""
+    return math.floor((now + min(0.002, interval_s / 4)) / interval_s)
+
+
+def next_tick(now: float, interval_s: float) -> float:
+    """When a stream paced at ``interval_s`` next moves after ``now``: the next multiple of
+    ``interval_s`` on the loop's clock. Every paced stream keeps the same ticks, the provider
+    reading its connection as the turn publishing its text, so that a piece read at a tick is
+    published at once, and the turns written at the same time are read and published in the same
+    turn of the loop (the bus sends their deltas as one batch)."""
+    return (tick(now, interval_s) + 1) * interval_s
 
 
 def model_name(llm: object) -> str:

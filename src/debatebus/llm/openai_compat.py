@@ -22,10 +22,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
 import msgspec
@@ -52,6 +52,7 @@ from debatebus.llm.provider import (
     SDKProvider,
     SDKStream,
     api_key_or_placeholder,
+    data_lines,
     key_hint,
 )
 from debatebus.llm.retry import (
@@ -240,15 +241,16 @@ def _to_completion(completion: Any, model: str) -> Completion:
     return Completion(content or "", _usage(completion), completion)
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
+    finish_reason: str | None = None
 
 
-class _Chunk(msgspec.Struct):
+class _Chunk(msgspec.Struct, gc=False):
     """What a turn reads of a streamed chat completion chunk (other fields are skipped)."""
 
     choices: list[_Choice] = msgspec.field(default_factory=list)
@@ -257,8 +259,6 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNK = msgspec.json.Decoder(_Chunk)
-
-
 _CHUNKS = msgspec.json.Decoder(list[_Chunk])
 _DONE = b"[DONE]"
 
@@ -279,9 +279,16 @@ def _chunks(datas: list[bytes], model: str) -> list[_Chunk]:
         raise
 
 
+def _ending(chunk: _Chunk) -> bool:
+    """Whether ``chunk`` says the answer is written: its finish reason, or the usage that
+    ``include_usage`` sends last."""
+    return chunk.usage is not None or bool(chunk.choices and chunk.choices[0].finish_reason)
+
+
 class _ChunkBatches:
     """A streaming response's ``data:`` events read by ``debatebus.llm.sse``, decoded, a batch
-    per read, up to ``[DONE]``."""
+    per read, up to ``[DONE]``; once a chunk says the answer is written, the rest is read as it
+    comes (``EventSource.hurry``)."""
 
     def __init__(self, source: EventSource, model: str) -> None:
         self._source = source
@@ -293,7 +300,10 @@ class _ChunkBatches:
             if done:
                 datas = datas[:datas.index(_DONE)]
             if datas:
-                yield _chunks(datas, self._model)
+                chunks = _chunks(datas, self._model)
+                if _ending(chunks[-1]):
+                    self._source.hurry()
+                yield chunks
             if done:
                 return
 
@@ -310,10 +320,7 @@ class _ChunkStream:
         self._model = model
 
     async def __aiter__(self) -> AsyncIterator[list[_Chunk]]:
-        async for line in self._response.iter_lines():
-            if not line.startswith("data:"):
-                continue  # blank separators, comments, event names
-            data = line[5:].strip().encode()
+        async for data in data_lines(self._response):
             if data == _DONE:
                 return
             yield _chunks([data], self._model)
@@ -323,8 +330,8 @@ class _ChunkStream:
 
 
 class _ChunkReader:
-    """A streamed chat completion's chunks: each one's text, and the usage the last reports
-    (``stream_options.include_usage``; a server that ignores it reports none)."""
+    """A streamed chat completion's chunks: the text of each batch, and the usage the last
+    reports (``stream_options.include_usage``; a server that ignores it reports none)."""
 
     __slots__ = ("model", "usage")
 
@@ -332,20 +339,27 @@ class _ChunkReader:
         self.model = model
         self.usage: TokenUsage | None = None
 
-    def feed(self, chunk: _Chunk) -> str:
-        if chunk.error is not None:  # a server's error after the stream began
-            error = chunk.error.get("message", chunk.error) if isinstance(chunk.error, dict) \
-                else chunk.error
-            raise LLMError(f"{self.model}: the server reported an error: {str(error)[:DETAIL_LIMIT]}")
-        if chunk.usage is not None:
-            try:  # read as complete reads it, from the SDK's usage model
-                usage = openai.types.CompletionUsage.model_validate(chunk.usage)
-            except ValidationError:
-                usage = None
-            self.usage = _usage(SimpleNamespace(usage=usage))
-        if not chunk.choices or chunk.choices[0].delta is None:
-            return ""
-        return chunk.choices[0].delta.content or ""
+    def feed(self, chunks: Sequence[_Chunk]) -> str:
+        parts = []
+        for chunk in chunks:
+            if chunk.error is not None:  # a server's error after the stream began
+                self._fail(chunk.error)
+            if chunk.usage is not None:
+                self._note(chunk.usage)
+            if chunk.choices and (delta := chunk.choices[0].delta) is not None and delta.content:
+                parts.append(delta.content)
+        return "".join(parts)
+
+    def _fail(self, error: Any) -> NoReturn:
+        said = error.get("message", error) if isinstance(error, dict) else error
+        raise LLMError(f"{self.model}: the server reported an error: {str(said)[:DETAIL_LIMIT]}")
+
+    def _note(self, reported: dict[str, Any]) -> None:
+        try:  # read as complete reads it, from the SDK's usage model
+            usage = openai.types.CompletionUsage.model_validate(reported)
+        except ValidationError:
+            usage = None
+        self.usage = _usage(SimpleNamespace(usage=usage))
 
 
 class OpenAICompatibleLLM(SDKProvider[openai.AsyncOpenAI]):

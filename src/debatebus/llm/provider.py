@@ -3,7 +3,8 @@
 Every provider sends through the same retry policy and redaction (``retry.py``), is blocked the
 same way from paid endpoints when requests are disallowed, and validates structured answers the
 same way (``structured.py``). They stream the same way too (``stream``): the server's stream
-opened under the retry policy, then read event by event, an error once it is open being final. This
+opened under the retry policy, then read by ``debatebus.llm.sse`` a batch of events at a time
+(through a proxy, the SDK's raw stream, an event at a time), an error once it is open being final. This
 module imports no SDK: loading one provider must not load the other's.
 """
 
@@ -44,7 +45,7 @@ from debatebus.redaction import redact, url_secrets
 from debatebus.usage import TokenUsage
 
 __all__ = ["DETAIL_LIMIT", "ErrorMap", "SDKProvider", "SDKStream", "StreamReader",
-           "api_key_or_placeholder", "key_hint"]
+           "api_key_or_placeholder", "data_lines", "key_hint"]
 
 log = logging.getLogger("debatebus.llm")
 
@@ -94,6 +95,14 @@ class ErrorMap(Protocol):
     ) -> ProviderFailure | None: ...
 
 
+async def data_lines(response: Any) -> AsyncIterator[bytes]:
+    """The ``data`` of each server-sent event of an SDK's raw streaming response
+    (``with_streaming_response``), read a line at a time: the path through a proxy."""
+    async for line in response.iter_lines():
+        if line.startswith("data:"):  # not blank separators, comments, event names
+            yield line[5:].strip().encode()
+
+
 class _Client(Protocol):
     @property
     def base_url(self) -> object: ...
@@ -114,9 +123,10 @@ class SDKStream(Protocol):
 
 
 class StreamReader(Protocol):
-    """Reads one call's stream events: the text each adds, and the usage they reported."""
+    """Reads one call's stream events, a batch at a time: the text a batch adds, and the usage
+    they reported."""
 
-    def feed(self, event: Any) -> str: ...
+    def feed(self, batch: Sequence[Any]) -> str: ...
 
     @property
     def usage(self) -> TokenUsage | None: ...
@@ -154,6 +164,9 @@ class SDKProvider(LLM, abc.ABC, Generic[ClientT]):
         self._shown_url = redact(self._base_url)
         self._classify: Classifier = partial(map_error, model=model, base_url=self._shown_url)
         self._said_too_short = False  # said once that a prompt was too short to cache
+        # Whether calls go through a proxy (the environment's, read once, as the SDK's client
+        # reads it): ``debatebus.llm.sse`` does not speak to one, so a streaming call is the SDK's.
+        self._proxied = proxied(self._base_url)
 
     @property
     def model(self) -> str:
@@ -179,7 +192,7 @@ class SDKProvider(LLM, abc.ABC, Generic[ClientT]):
         )
 
     def stream(self, request: LLMRequest, *, interval_s: float = 0.0) -> LLMStream:
-        """The answer as the server writes it, the connection read at most every ``interval_s``
+        """The answer as the server writes it, the connection read at the ticks of ``interval_s``
         (``debatebus.llm.sse``; through a proxy, the SDK's stream, read as it comes). A request
         with a ``response_schema`` is answered by ``complete`` in one piece: structured output is
         checked (and repaired) whole."""
@@ -205,7 +218,7 @@ class SDKProvider(LLM, abc.ABC, Generic[ClientT]):
         parts: list[str] = []
         try:
             async for batch in events:
-                text = "".join([reader.feed(event) for event in batch])
+                text = reader.feed(batch)
                 if text:
                     parts.append(text)
                     yield text
@@ -243,12 +256,6 @@ class SDKProvider(LLM, abc.ABC, Generic[ClientT]):
     async def _open_stream(self, request: LLMRequest, interval_s: float) -> SDKStream:
         """One request as a streaming call, opened (retried by ``stream``): through
         ``_open_events`` unless ``_proxied``."""
-
-    @property
-    def _proxied(self) -> bool:
-        """Whether calls go through a proxy (the environment's): ``debatebus.llm.sse`` does not
-        speak to one, so a streaming call is the SDK's."""
-        return proxied(self._base_url)
 
     async def _open_events(self, path: str, body: Mapping[str, Any],
                            interval_s: float) -> EventSource:
