@@ -8,4 +8,4 @@ COPY src ./src
 COPY scripts ./scripts
 RUN pip install --no-cache-dir -e ".[redis,kafka,metrics,cli,fast]" \
     && bash scripts/install-local-model.sh
-CMD ["debatebus", "worker", "debatebus.demo:app"]
+CMD ["debatebus", "worker", "debatebus._demo:app"]

@@ -280,7 +280,7 @@ async def checkpoint_bytes_per_round(url: str) -> list[int]:
     from benchmarks.bus_apps import instant_debate
 
     from debatebus.checkpoints import store_from_url
-    from debatebus.handlers.checkpointing import counters_of, encode_entry
+    from debatebus.handlers._checkpointing import counters_of, encode_entry
 
     store = store_from_url(url, prefix=f"size{uuid.uuid4().hex[:4]}")
     sizes: list[int] = []

@@ -12,8 +12,10 @@ import os
 import sys
 from typing import Any
 
-from debatebus import Debate, Judge, LLMRequest, LLMResponse, Participant, TokenUsage, Verdict
-from debatebus.handlers.results import result_fields
+from debatebus import Debate, Judge, Participant
+from debatebus.engine import Verdict
+from debatebus.handlers._results import result_fields
+from debatebus.llm import LLMRequest, LLMResponse, TokenUsage
 
 REQUESTS = os.environ.get("BENCH_REQUESTS", "bench:request")
 RESULTS = f"event:{REQUESTS}:completed"
@@ -57,7 +59,7 @@ def debatebus_app() -> Any:
     names an explicit store, BENCH_DURABLE=0 turns durability off; neither: the default handler
     (durable, with the store the bus derives from its broker URL). BENCH_LLM_WAITS=1: each model
     call waits, as a real one does (``WaitingLLM``)."""
-    from debatebus.worker import DebateBus
+    from debatebus._worker import DebateBus
 
     url = os.environ["BENCH_BROKER"]
     options: dict[str, Any] = {}

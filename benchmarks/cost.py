@@ -37,9 +37,9 @@ from tests.support.caching import (
 )
 
 from debatebus import Debate, Judge, Participant
-from debatebus.llm.anthropic_llm import AnthropicLLM, min_cacheable_tokens
-from debatebus.llm.openai_compat import OpenAICompatibleLLM
-from debatebus.pricing import DEFAULT_PRICES, Price
+from debatebus._pricing import DEFAULT_PRICES, Price
+from debatebus.llm._anthropic_llm import AnthropicLLM, min_cacheable_tokens
+from debatebus.llm._openai_compat import OpenAICompatibleLLM
 
 GOALS = {"anthropic": 0.40, "openai": 0.60}
 QUESTION = ("Should a mid-sized city replace its diesel bus fleet with battery-electric buses "

@@ -11,7 +11,7 @@ resume an interrupted part without paying for its finished items):
   with ``--seed``) through four arms: ``single``; ``vote``, the majority of as many samples as the
   round-robin made calls on the item; ``round-robin-3x2`` (3 solvers, 2 rounds, the majority of
   the last round); ``cross-pollination-3x2`` (3 solvers, positions then revisions, its synthesis).
-- ``judge``: the demo debate (``debatebus.demo``) on the arithmetic items, as it was before #27:
+- ``judge``: the demo debate (``debatebus._demo``) on the arithmetic items, as it was before #27:
   ``min_rounds=1`` and the judge's consensus flag alone ending it. How often the judge stops it
   after round 1, whether its answer is right then, and how many of those verdicts said nothing
   (an empty or boilerplate summary, which no longer counts as consensus).
@@ -34,9 +34,9 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from debatebus.demo import build_debate
+from debatebus._demo import build_debate
 from debatebus.engine import DebateState
-from debatebus.engine.rules import empty_verdict
+from debatebus.engine._rules import empty_verdict
 from debatebus.evaluation import (
     Dataset,
     DebateArm,
@@ -49,9 +49,9 @@ from debatebus.evaluation import (
     arithmetic,
     gsm8k,
 )
-from debatebus.evaluation.arms import solver_debate
+from debatebus.evaluation._arms import solver_debate
 from debatebus.llm import LLM
-from debatebus.llm.local import LocalLLM, default_model_path
+from debatebus.llm._local import LocalLLM, default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -173,7 +173,7 @@ async def run_judge(args: argparse.Namespace, dataset: Dataset) -> None:
 async def run_server(args: argparse.Namespace, in_process: Report | None) -> None:
     from local_llm import llama_server  # benchmarks/local_llm.py, beside this script
 
-    from debatebus.llm.openai_compat import OpenAICompatibleLLM
+    from debatebus.llm._openai_compat import OpenAICompatibleLLM
 
     dataset = arithmetic(min(SERVER_ITEMS, args.items), seed=args.seed)
     with llama_server(default_model_path(), args.threads, "--n_ctx", "4096") as base_url:

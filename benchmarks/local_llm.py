@@ -30,8 +30,8 @@ from pathlib import Path
 
 from debatebus import Debate, Judge, Participant
 from debatebus.llm import LLM, LLMRequest, Message
-from debatebus.llm.local import LocalLLM, default_model_path
-from debatebus.llm.openai_compat import OpenAICompatibleLLM
+from debatebus.llm._local import LocalLLM, default_model_path
+from debatebus.llm._openai_compat import OpenAICompatibleLLM
 
 TOPIC = "Should a small company adopt microservices?"
 PARTICIPANTS = (

@@ -3,7 +3,7 @@
 
     python benchmarks/local_quality.py [--rounds 2] [--threads 2] [--questions N]
 
-Each debate is ``debatebus.demo``'s (3 participants, a moderator and a judge, word limits). It
+Each debate is ``debatebus._demo``'s (3 participants, a moderator and a judge, word limits). It
 prints, per debate and in total: turns that contain another speaker's tag (goal 0), verdicts
 that parsed (goal: every one), empty or over-limit turns (goal 0), Φ̂, seconds per debate, and the
 prompt tokens llama.cpp evaluated against those it was sent (the rest was a reused prefix).
@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from debatebus import DebateResult, Verdict
-from debatebus.demo import DEMO_WORD_LIMITS, build_debate
-from debatebus.engine.transcript import Turn
-from debatebus.llm.local import LocalLLM, default_model_path
+from debatebus._demo import DEMO_WORD_LIMITS, build_debate
+from debatebus.engine import DebateResult, Verdict
+from debatebus.engine._transcript import Turn
+from debatebus.llm._local import LocalLLM, default_model_path
 
 QUESTIONS = Path(__file__).with_name("local_questions.txt")
 SPEAKERS = ("optimist", "critic", "pragmatist", "moderator", "judge")

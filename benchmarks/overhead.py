@@ -25,8 +25,9 @@ from collections.abc import Callable, Coroutine
 from importlib import metadata
 from typing import Any
 
-from debatebus import Debate, Judge, LLMRequest, LLMResponse, Participant, TokenUsage
+from debatebus import Debate, Judge, Participant
 from debatebus.engine import Utility, Verdict
+from debatebus.llm import LLMRequest, LLMResponse, TokenUsage
 
 TARGET_P99_MS = 0.25
 TOPIC = "Should the city replace its bus fleet with electric buses by 2030?"

@@ -92,7 +92,7 @@ class Batcher:
         self.together = together
 
     async def open(self, url: str, port: int, tasks: int) -> None:
-        from debatebus.redis import build_client, make_batcher
+        from debatebus._redis import build_client, make_batcher
 
         self.client = build_client(url, connect_timeout=5.0)
         self.batcher = make_batcher(self.client, "benchmark", timeout=30.0)

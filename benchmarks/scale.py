@@ -52,13 +52,13 @@ from benchmarks.scale_kafka import kafka_section  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 
 from debatebus import Debate, Judge, Participant  # noqa: E402
+from debatebus._collector import DEFAULT_COLLECTOR, Collector  # noqa: E402
+from debatebus._usage import TokenUsage  # noqa: E402
+from debatebus._worker import DebateBus  # noqa: E402
 from debatebus.checkpoints import store_from_url  # noqa: E402
-from debatebus.collector import DEFAULT_COLLECTOR, Collector  # noqa: E402
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, Message  # noqa: E402
-from debatebus.llm.ratelimit import RateLimit, RateLimitedLLM  # noqa: E402
-from debatebus.llm.ratelimit_redis import RedisRateLimiter  # noqa: E402
-from debatebus.usage import TokenUsage  # noqa: E402
-from debatebus.worker import DebateBus  # noqa: E402
+from debatebus.llm._ratelimit import RateLimit, RateLimitedLLM  # noqa: E402
+from debatebus.llm._ratelimit_redis import RedisRateLimiter  # noqa: E402
 
 # ---- rate limiter accuracy ------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from benchmarks.bus import (  # noqa: E402
 from tests.support.cluster import RedisClusterServers  # noqa: E402
 from tests.support.servers import RedisServer  # noqa: E402
 
-from debatebus.redis import cluster_key  # noqa: E402
+from debatebus._redis import cluster_key  # noqa: E402
 
 
 async def streams_run(name: str, url: str, broker_pid: Callable[[str], int], env: dict[str, str],

@@ -53,7 +53,7 @@ def worker_app() -> Any:
     SCALE_GROUP, SCALE_LATENCY, SCALE_CONCURRENCY. bus.py's debate, store-less (a Kafka bus
     derives no store), with every model call taking SCALE_LATENCY seconds."""
     from debatebus import Debate, Judge, Participant
-    from debatebus.worker import DebateBus
+    from debatebus._worker import DebateBus
 
     debate = Debate(
         "bench-debate",

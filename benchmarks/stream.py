@@ -97,9 +97,9 @@ def serve_provider(port: int, tokens: int, token_s: float) -> None:
 def worker_app() -> Any:
     """``debatebus worker benchmarks.stream:worker_app``, configured by ``STREAM_BENCH_*``."""
     from debatebus import Debate, Participant
+    from debatebus._worker import DebateBus
     from debatebus.llm import LLM, LLMRequest, LLMResponse
-    from debatebus.llm.openai_compat import OpenAICompatibleLLM
-    from debatebus.worker import DebateBus
+    from debatebus.llm._openai_compat import OpenAICompatibleLLM
 
     mode = os.environ["STREAM_BENCH_MODE"]
     provider = OpenAICompatibleLLM("fake", base_url=os.environ["STREAM_BENCH_PROVIDER"],

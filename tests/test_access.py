@@ -9,7 +9,7 @@ from http import HTTPStatus
 
 import pytest
 
-from debatebus.access import Access, is_loopback, warn_if_exposed
+from debatebus._access import Access, is_loopback, warn_if_exposed
 from debatebus.exceptions import ConfigError
 
 TOKEN = "t0ken-for-the-access-tests"

@@ -1,12 +1,12 @@
 """``full_jitter``: the one backoff rule, which ``Backoff``, ``RetryPolicy.delay`` and redis-py's
-retries (through ``debatebus.redis``) all follow."""
+retries (through ``debatebus._redis``) all follow."""
 
 from __future__ import annotations
 
 import pytest
 
-from debatebus.backoff import Backoff, full_jitter
-from debatebus.llm.retry import RetryPolicy
+from debatebus._backoff import Backoff, full_jitter
+from debatebus.llm._retry import RetryPolicy
 
 
 def test_the_ceiling_doubles_up_to_the_cap_and_the_draw_scales_it() -> None:

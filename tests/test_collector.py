@@ -9,12 +9,12 @@ import uuid
 
 import pytest
 
+from debatebus._collector import DEFAULT_COLLECTOR, DEFAULT_THRESHOLDS, Collector
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import BusClient
-from debatebus.collector import DEFAULT_COLLECTOR, DEFAULT_THRESHOLDS, Collector
 from debatebus.exceptions import ConfigError
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import DebateBus
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 from tests.support.bus import make_debate, running
 
 

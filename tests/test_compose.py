@@ -29,7 +29,7 @@ def test_services_images_and_commands() -> None:
     assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft: no ZooKeeper
     assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"  # we create topics explicitly
     assert worker["build"] == "."
-    assert worker_command()[:3] == ["debatebus", "worker", "debatebus.demo:app"]
+    assert worker_command()[:3] == ["debatebus", "worker", "debatebus._demo:app"]
     assert worker["environment"]["DEBATEBUS_BROKER"] == "redis://redis:6379/0"
     assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
 
@@ -69,5 +69,5 @@ def test_every_service_restarts_unless_stopped() -> None:
 def test_the_dockerfile_builds_what_the_worker_runs() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "scripts/install-local-model.sh" in dockerfile  # the local model, built portably
-    assert 'CMD ["debatebus", "worker", "debatebus.demo:app"]' in dockerfile
+    assert 'CMD ["debatebus", "worker", "debatebus._demo:app"]' in dockerfile
     assert (ROOT / "scripts" / "install-local-model.sh").exists()

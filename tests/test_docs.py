@@ -42,12 +42,13 @@ TIMEOUT_S = 60
 # What a setup gives a python block: names the prose assumes the reader already has.
 PY_SETUPS = {
     "llm": """
-        from debatebus import FunctionLLM
+        from debatebus.testing import FunctionLLM
         llm = FunctionLLM(lambda request: {"consensus": True, "summary": "agreed"}
                           if request.purpose == "judge" else f"{request.speaker}: a view")
     """,
     "bus": """
-        from debatebus import Debate, DebateBus, FunctionLLM, Participant
+        from debatebus import Debate, DebateBus, Participant
+        from debatebus.testing import FunctionLLM
         llm = FunctionLLM(lambda request: f"{request.speaker}: a view")
         house_debate = Debate("house", [Participant("pro", "For."), Participant("con", "Against.")],
                               llm=llm)
@@ -57,7 +58,8 @@ PY_SETUPS = {
 
 # A worker serving ``debate:request`` with a FunctionLLM, for the shell blocks that talk to one.
 WORKER_APP = """
-from debatebus import Debate, DebateBus, FunctionLLM, Judge, Participant
+from debatebus import Debate, DebateBus, Judge, Participant
+from debatebus.testing import FunctionLLM
 
 llm = FunctionLLM(lambda request: {"consensus": True, "summary": "agreed"}
                   if request.purpose == "judge" else f"{request.speaker}: a view")
@@ -172,7 +174,7 @@ def run_python(found: list[Block], redis: RedisServer, cwd: Path) -> None:
 @contextlib.contextmanager
 def docs_worker(redis: RedisServer, cwd: Path) -> Iterator[None]:
     """``debatebus worker`` serving debate:request (group docs-test), beating before it yields."""
-    from debatebus.observability.heartbeat import latest_heartbeat
+    from debatebus.observability._heartbeat import latest_heartbeat
 
     (cwd / "docs_worker.py").write_text(WORKER_APP, encoding="utf-8")
     log = cwd / "worker.log"

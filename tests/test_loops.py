@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from debatebus.llm.ratelimit import MemoryRateLimiter, RateLimit
-from debatebus.loops import PerLoop
+from debatebus._loops import PerLoop
+from debatebus.llm._ratelimit import MemoryRateLimiter, RateLimit
 
 
 def test_each_loop_gets_its_own_and_keeps_it() -> None:

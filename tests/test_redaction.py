@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus.redaction import REDACTED, redact, url_secrets
+from debatebus._redaction import REDACTED, redact, url_secrets
 
 
 @pytest.mark.parametrize(("url", "shown"), [

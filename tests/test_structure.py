@@ -1,22 +1,25 @@
 """Static checks over src/debatebus, read with ``ast`` (nothing is imported).
 
-- No module imports an underscore name (or from an underscore module) of another package.
+- No module imports an underscore name of another package (a ``_``-prefixed function, class or
+  constant). Modules of other packages may be private (``debatebus.transports._base``): inside
+  debatebus, packages build on each other's internals; users import only public modules.
 - The packages import each other without a cycle, counting every import: at module level, in a
   function (an import put there to hide a cycle is still the cycle) and under
   ``if TYPE_CHECKING:`` (a type is a dependency too: a module that types against a layer above it
   depends on that layer). Each first-level package is one node (``debatebus.transports.kafka``
   belongs to ``debatebus.transports``). The root directory is not a layer: each of its modules is
   a node of its own (``debatebus.exceptions`` is imported by every package, and
-  ``debatebus.worker`` imports most of them; the facade ``debatebus/__init__`` is one more node).
+  ``debatebus._worker`` imports most of them; the facade ``debatebus/__init__`` is one more node).
 - No import inside a function closes a cycle of the imports run at import time (within a
   package too): such an import only hides the cycle.
 - The engine imports nothing of debatebus outside ``ENGINE_MAY_IMPORT``: the exceptions, token
   usage, the wire schemas, the LLM interface and prices.
 - No function or method is longer than 60 lines.
-- Every public module declares an explicit ``__all__`` of names it defines.
+- Every public module declares an explicit ``__all__`` of names it defines; a private module
+  (``_``-prefixed) declares none: ``__all__`` is where the API is.
 
-A "package" is a directory: ``debatebus.engine.run`` belongs to ``debatebus.engine``, and
-``debatebus.worker`` to ``debatebus``; a "layer" is a first-level package (or a root module).
+A "package" is a directory: ``debatebus.engine._run`` belongs to ``debatebus.engine``, and
+``debatebus._worker`` to ``debatebus``; a "layer" is a first-level package (or a root module).
 Each check lists every violation as ``file:line: what``.
 """
 
@@ -38,17 +41,17 @@ ENGINE = f"{ROOT}.engine"
 #: them). Nothing that does I/O or knows a bus (handlers, transports, stores, workers).
 ENGINE_MAY_IMPORT = frozenset({
     f"{ROOT}.exceptions",  # the one exception tree
-    f"{ROOT}.usage",  # token accounting
+    f"{ROOT}._usage",  # token accounting
     f"{ROOT}.schemas",  # wire values: events, cost, the envelope's names
-    f"{ROOT}.llm.base",  # the LLM interface the engine calls
-    f"{ROOT}.llm.structured",  # reading a judge's JSON verdict
-    f"{ROOT}.pricing",  # what a debate's prices say a call cost
+    f"{ROOT}.llm._base",  # the LLM interface the engine calls
+    f"{ROOT}.llm._structured",  # reading a judge's JSON verdict
+    f"{ROOT}._pricing",  # what a debate's prices say a call cost
 })
 
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted: debatebus.engine.run (a package's __init__ is the package's name)
+    name: str  # dotted: debatebus.engine._run (a package's __init__ is the package's name)
     package: str  # the dotted name of its directory: debatebus.engine
     path: Path  # relative to the source root, for messages
     tree: ast.Module
@@ -142,14 +145,14 @@ def private_import_violations(modules: dict[str, Module]) -> list[str]:
     found = []
     for module in modules.values():
         for imp in all_imports(module):
-            private = [part for part in imp.target.split(".") if _is_private(part)]
-            if not private:
+            name = imp.target.rsplit(".", 1)[-1]
+            if not _is_private(name) or imp.target in modules:  # a public name, or a module
                 continue
             loaded = resolve(imp, modules)
             package = loaded.package if loaded else imp.source.split(".")[0]
             if package != module.package:
                 found.append(f"{module.path}:{imp.line}: imports {imp.target} "
-                             f"(private {', '.join(private)} of package {package})")
+                             f"(private {name} of package {package})")
     return found
 
 
@@ -377,9 +380,15 @@ def _declared_all(tree: ast.Module) -> tuple[int, list[str] | None] | None:
 def missing_all_violations(modules: dict[str, Module]) -> list[str]:
     found = []
     for module in modules.values():
-        if any(part.startswith("_") for part in module.name.split(".")):  # _x.py, __main__.py
-            continue
         declared = _declared_all(module.tree)
+        if any(_is_private(part) for part in module.name.split(".")):  # _x.py, _pkg/…
+            # A private package's __init__ may list what its modules give the rest of debatebus.
+            if declared is not None and module.name != module.package:
+                found.append(f"{module.path}:{declared[0]}: private module declares __all__ "
+                             "(its names are not an API: drop it, or make the module public)")
+            continue
+        if module.name.endswith("__main__"):
+            continue
         if declared is None:
             found.append(f"{module.path}:1: public module without __all__")
             continue
@@ -401,8 +410,8 @@ def _report(found: list[str]) -> str:
 
 
 def test_the_package_is_found() -> None:
-    assert f"{ROOT}.worker" in MODULES
-    assert MODULES[f"{ROOT}.engine.run"].package == f"{ROOT}.engine"
+    assert f"{ROOT}._worker" in MODULES
+    assert MODULES[f"{ROOT}.engine._run"].package == f"{ROOT}.engine"
 
 
 def test_no_module_imports_a_private_name_of_another_package() -> None:
@@ -451,7 +460,7 @@ def tree(tmp_path: Path) -> Path:
         "pkg/a/_impl.py": "_secret = 1\n",
         "pkg/a/x.py": "from pkg.a._impl import _secret\n__all__ = ['VALUE']\nVALUE = _secret\n",
         "pkg/b/__init__.py": "__all__ = []\n",
-        "pkg/b/y.py": ("from typing import TYPE_CHECKING\nfrom pkg.a import _impl\n"
+        "pkg/b/y.py": ("from typing import TYPE_CHECKING\nfrom pkg.a._impl import _secret\n"
                        "if TYPE_CHECKING:\n    from pkg.c import z\n__all__ = ['f', 'gone']\n"
                        "def f():\n    from pkg.c import z\n" + "    z\n" * 59),
         "pkg/c/__init__.py": "__all__ = []\n",
@@ -465,7 +474,7 @@ def tree(tmp_path: Path) -> Path:
 
 def test_private_imports_are_caught_across_packages_only(tree: Path) -> None:
     found = private_import_violations(load(tree, "pkg"))
-    assert found == ["pkg/b/y.py:2: imports pkg.a._impl (private _impl of package pkg.a)"]
+    assert found == ["pkg/b/y.py:2: imports pkg.a._impl._secret (private _secret of package pkg.a)"]
     # pkg/a/x.py imports _secret from pkg.a._impl: the same package, so not a violation
 
 
@@ -533,7 +542,10 @@ def test_long_functions_are_caught(tree: Path) -> None:
 
 def test_missing_or_wrong_all_is_caught(tree: Path) -> None:
     (tree / "pkg/c/z.py").write_text("X = 1\n")
+    (tree / "pkg/a/_impl.py").write_text("__all__ = ['_secret']\n_secret = 1\n")
     assert missing_all_violations(load(tree, "pkg")) == [
+        "pkg/a/_impl.py:1: private module declares __all__ (its names are not an API: drop it, "
+        "or make the module public)",
         "pkg/b/y.py:5: __all__ lists 'gone', which the module does not define",
         "pkg/c/z.py:1: public module without __all__",
     ]

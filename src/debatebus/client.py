@@ -14,9 +14,10 @@ from typing import Any, Final, Self
 
 import msgspec
 
+from debatebus._redaction import redact
+from debatebus._supervisor import supervise
 from debatebus.exceptions import TransportError
-from debatebus.observability.tracing import inject_traceparent
-from debatebus.redaction import redact
+from debatebus.observability._tracing import inject_traceparent
 from debatebus.schemas.envelope import (
     ENVELOPE_DECODER,
     ENVELOPE_ENCODER,
@@ -33,7 +34,6 @@ from debatebus.schemas.events import (
     DebateFailed,
     DebateStarted,
 )
-from debatebus.supervisor import supervise
 from debatebus.transports import Delivery, Outgoing, Transport, broker_url, transport_from_url
 
 __all__ = ["EVENTS_GRACE_S", "Answers", "BusClient", "RequestStream", "request_message"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from debatebus.usage import TokenUsage
+from debatebus._usage import TokenUsage
 
 __all__ = [
     "BudgetExceededError",
@@ -121,7 +121,7 @@ class BudgetExceededError(LLMError):
 
 
 class SpendLimitError(LLMError):
-    """A fleet-wide spend limit (``debatebus.llm.spend``) is reached for its current window: the
+    """A fleet-wide spend limit (``debatebus.llm._spend``) is reached for its current window: the
     call was not made. Unlike a debate's budget, this passes: the debate fails as retryable, and a
     resend or ``debatebus replay --failed`` after ``retry_after_s`` runs it again."""
 

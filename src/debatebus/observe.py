@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-from debatebus.observability.observer import Observer, RequestContext, Settlement
+from debatebus.observability._observer import Observer, RequestContext, Settlement
 
 __all__ = ["Observer", "Outcome", "RequestContext"]
 

@@ -16,14 +16,15 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Self
 
+from debatebus._worker import EVENTS_TOPIC, DebateBus
 from debatebus.client import BusClient
-from debatebus.engine.debate import Debate
-from debatebus.llm.fakes import FunctionLLM, ScriptedLLM
+from debatebus.engine._debate import Debate
+from debatebus.handlers._contract import Handler
+from debatebus.llm._fakes import FunctionLLM, ScriptedLLM
 from debatebus.schemas.envelope import Envelope
 from debatebus.schemas.events import BUS_EVENT_DECODER, BusEvent, DebateEvent, TurnDelta
 from debatebus.transports import Outgoing
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import EVENTS_TOPIC, DebateBus, Handler
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 __all__ = ["DebateTestBus", "FunctionLLM", "ScriptedLLM"]
 

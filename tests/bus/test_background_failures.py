@@ -15,14 +15,14 @@ import pytest
 from tests.support.bus import running, transport_options
 
 import debatebus.client
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
 from debatebus.exceptions import DebatebusError, TransportError
-from debatebus.handlers.leases import LeaseKeeper
+from debatebus.handlers._leases import LeaseKeeper
 from debatebus.schemas.envelope import completed_topic
 from debatebus.transports import Outgoing
-from debatebus.transports.kafka.group import Member
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import DebateBus
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
+from debatebus.transports.kafka._group import Member
 
 BOUND_S = 20.0  # what a test waits at most; a hang shows as this timing out
 

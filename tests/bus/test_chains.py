@@ -16,12 +16,14 @@ import msgspec
 import pytest
 from tests.support.bus import running, transport_options, warm_up
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
-from debatebus.handlers.results import echo
+from debatebus.handlers._results import echo
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope, completed_topic
+from debatebus.testing import FunctionLLM
 from debatebus.transports import transport_from_url
-from debatebus.worker import DebateBus
 
 TIMEOUT = 60.0
 REQUESTS = 3

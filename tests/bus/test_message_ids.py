@@ -19,6 +19,7 @@ from tests.support.bus import make_debate, running, transport_options
 from tests.support.processes import ROOT
 from tests.support.servers import RedisServer
 
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient, request_message
 from debatebus.schemas.envelope import (
     ENVELOPE_DECODER,
@@ -27,8 +28,7 @@ from debatebus.schemas.envelope import (
     new_message_id,
 )
 from debatebus.transports import Outgoing
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import DebateBus
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 
 @pytest.fixture(params=["memory", pytest.param("redis_streams", marks=pytest.mark.redis)])

@@ -14,12 +14,12 @@ import redis.asyncio as redis_asyncio
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from tests.support.bus import make_debate, running, transport_options
 
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
-from debatebus.handlers.contract import HandlerResult
-from debatebus.observability.observer import Observer, RequestContext, Settlement, fan_out
+from debatebus.handlers._contract import HandlerResult
+from debatebus.observability._observer import Observer, RequestContext, Settlement, fan_out
 from debatebus.schemas.events import DebateEvent
 from debatebus.transports.kafka import kafka_topic
-from debatebus.worker import DebateBus
 
 REQUESTS = 3
 WAIT_S = 20.0

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tests.support.processes import WorkerProcess, collecting, read_calls
 
-from debatebus.handlers.people import turn_reply
+from debatebus.handlers._people import turn_reply
 from debatebus.schemas.envelope import ENVELOPE_DECODER
 
 pytestmark = pytest.mark.slow

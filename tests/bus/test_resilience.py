@@ -14,14 +14,15 @@ import pytest
 from tests.support.bus import make_debate, running
 from tests.support.servers import RedisServer
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError, LeaseLostError, TransportError
-from debatebus.handlers.results import PAYLOAD_ECHO_LIMIT
+from debatebus.handlers._results import PAYLOAD_ECHO_LIMIT
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import completed_topic, failed_topic
+from debatebus.testing import FunctionLLM
 from debatebus.transports import Delivery, Outgoing, dlq_topic
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import DebateBus
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 TIMEOUT = 30.0
 TOPIC = "debate:request"

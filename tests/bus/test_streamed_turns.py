@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from tests.support.bus import make_debate, memory_app, running, transport_options
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
+from debatebus.llm import LLMRequest
 from debatebus.schemas import events as ev
+from debatebus.testing import FunctionLLM
 from debatebus.transports import MemoryTransport
-from debatebus.worker import DebateBus
 
 TIMEOUT = 60.0
 INTERVAL_S = 0.1

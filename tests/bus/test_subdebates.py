@@ -23,14 +23,14 @@ from tests.support.subdebates import (
     types,
 )
 
+from debatebus._worker import EVENTS_TOPIC, DebateBus
 from debatebus.client import BusClient
-from debatebus.engine.prompts import ENGLISH
-from debatebus.handlers.contract import HandlerContext, HandlerResult
+from debatebus.engine._prompts import ENGLISH
+from debatebus.handlers._contract import HandlerContext, HandlerResult
 from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope, completed_topic, failed_topic
 from debatebus.schemas.events import EVENT_DECODER
 from debatebus.transports import Delivery, Outgoing
-from debatebus.worker import EVENTS_TOPIC, DebateBus
 
 
 class Parent:

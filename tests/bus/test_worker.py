@@ -14,17 +14,18 @@ import redis.asyncio as redis_asyncio
 from tests.support.bus import app_for, make_debate, memory_app, running, transport_options, warm_up
 from tests.support.servers import free_port
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import MemoryCheckpointStore, RedisCheckpointStore
 from debatebus.client import BusClient
 from debatebus.exceptions import TransportError
-from debatebus.handlers.contract import HandlerResult
-from debatebus.observability.logs import LoggingObserver
-from debatebus.observability.observer import Observer, RequestContext, Settlement
+from debatebus.handlers._contract import HandlerResult
+from debatebus.llm import LLMRequest
+from debatebus.observability._logs import LoggingObserver
+from debatebus.observability._observer import Observer, RequestContext, Settlement
 from debatebus.schemas.events import EVENT_DECODER
+from debatebus.testing import FunctionLLM
 from debatebus.transports import Delivery, Outgoing, dlq_topic, transport_from_url
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import DebateBus
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 TIMEOUT = 60.0
 
@@ -325,7 +326,7 @@ async def test_worker_connects_its_handlers_store_at_startup_and_closes_it(
 async def test_worker_says_at_start_what_it_serves_where(caplog: pytest.LogCaptureFixture) -> None:
     app = DebateBus("memory://", group="g-start", heartbeat_interval_s=None)
     app.subscribe("debate:start-log", make_debate().as_handler())
-    with caplog.at_level("INFO", logger="debatebus.worker"):
+    with caplog.at_level("INFO", logger="debatebus._worker"):
         async with running(app):
             pass
     lines = [r.getMessage() for r in caplog.records

@@ -33,10 +33,12 @@ import json
 import os
 from typing import Any
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
+from debatebus._worker import DebateBus
 from debatebus.engine import HumanParticipant
-from debatebus.engine.subdebates import SubDebates
-from debatebus.worker import DebateBus
+from debatebus.engine._subdebates import SubDebates
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 DEBATE_IDS: dict[str, str] = {}
 

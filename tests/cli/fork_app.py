@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from debatebus import Debate, DebateBus, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, DebateBus, Judge, Participant
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 CALLS: Counter[tuple[str, int, str]] = Counter()
 

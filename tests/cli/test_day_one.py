@@ -17,12 +17,12 @@ from tests.support.servers import free_port
 
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.cli import main
-from debatebus.cli.observe_cmds import check
-from debatebus.cli.ops_cmds import replay_range
-from debatebus.handlers.checkpointing import debate_key
+from debatebus.cli._observe_cmds import check
+from debatebus.cli._ops_cmds import replay_range
+from debatebus.handlers._checkpointing import debate_key
 from debatebus.schemas.envelope import ENVELOPE_ENCODER, Envelope, decode_request
 from debatebus.transports import MemoryTransport, Outgoing
-from debatebus.transports.memory import MemoryBroker
+from debatebus.transports._memory import MemoryBroker
 
 
 def _request(request_id: str, **payload: str) -> bytes:

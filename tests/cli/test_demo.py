@@ -11,12 +11,13 @@ import pytest
 from redis.asyncio import Redis
 from tests.support.bus import make_debate, running
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._demo import DEMO_EVENT_TYPE, DEMO_GROUP
+from debatebus._worker import DebateBus
 from debatebus.cli import main
 from debatebus.client import BusClient
-from debatebus.demo import DEMO_EVENT_TYPE, DEMO_GROUP
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import completed_topic
-from debatebus.worker import DebateBus
+from debatebus.testing import FunctionLLM
 
 SCRIPT = [
     "FRAMING: weigh cost against speed.",  # moderator framing

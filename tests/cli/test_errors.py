@@ -9,10 +9,10 @@ import traceback
 
 import pytest
 
+from debatebus._worker import DebateBus
 from debatebus.cli import _run, build_parser, main
-from debatebus.cli.bus_cmds import _observe
+from debatebus.cli._bus_cmds import _observe
 from debatebus.exceptions import ConfigError
-from debatebus.worker import DebateBus
 
 SECRET = "hunter2secret"
 

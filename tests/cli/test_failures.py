@@ -13,16 +13,16 @@ import pytest
 from tests.support.bus import make_debate, running
 from tests.support.servers import RedisServer, TansuServer
 
+from debatebus._redaction import REDACTED
+from debatebus._worker import DebateBus
 from debatebus.cli import main
-from debatebus.cli.ops_cmds import list_failures, parse_since
+from debatebus.cli._ops_cmds import list_failures, parse_since
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
-from debatebus.redaction import REDACTED
 from debatebus.schemas.envelope import ENVELOPE_ENCODER, Envelope, failed_topic
 from debatebus.transports import Outgoing, Transport, dlq_topic, transport_from_url
-from debatebus.transports.base import ORIGIN_HEADER, REASON_HEADER
+from debatebus.transports._base import ORIGIN_HEADER, REASON_HEADER
 from debatebus.transports.kafka import KafkaTransport
-from debatebus.worker import DebateBus
 
 SECRET = "sk-live1234567890abcdef"
 

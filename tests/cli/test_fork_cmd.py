@@ -13,8 +13,8 @@ from tests.cli import fork_app
 
 from debatebus.checkpoints import SQLiteCheckpointStore
 from debatebus.cli import main
-from debatebus.handlers.checkpointing import debate_key
-from debatebus.handlers.contract import HandlerContext
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.handlers._contract import HandlerContext
 from debatebus.transports import Delivery
 
 KEY = debate_key("debate:request", "p1")

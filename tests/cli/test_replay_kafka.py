@@ -14,14 +14,14 @@ import pytest
 from tests.support.bus import running
 from tests.support.servers import TansuServer
 
+from debatebus._worker import DebateBus
 from debatebus.cli import main
-from debatebus.cli.ops_cmds import replay_range
+from debatebus.cli._ops_cmds import replay_range
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
 from debatebus.transports import dlq_topic
-from debatebus.transports.base import DEAD_LETTER_HEADERS, ORIGIN_HEADER, REASON_HEADER
+from debatebus.transports._base import DEAD_LETTER_HEADERS, ORIGIN_HEADER, REASON_HEADER
 from debatebus.transports.kafka import KafkaTransport
-from debatebus.worker import DebateBus
 
 pytestmark = pytest.mark.kafka
 

@@ -16,15 +16,15 @@ import pytest
 from tests.support.bus import running
 from tests.support.servers import RedisServer
 
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import Counters, store_from_url
 from debatebus.cli import main
-from debatebus.cli.ops_cmds import ReplaySummary, replay_range
+from debatebus.cli._ops_cmds import ReplaySummary, replay_range
 from debatebus.client import BusClient, request_message
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.checkpointing import debate_key
+from debatebus.handlers._checkpointing import debate_key
 from debatebus.transports import Outgoing, Transport, dlq_topic, transport_from_url
-from debatebus.transports.base import ORIGIN_HEADER, REASON_HEADER
-from debatebus.worker import DebateBus
+from debatebus.transports._base import ORIGIN_HEADER, REASON_HEADER
 
 pytestmark = pytest.mark.redis
 

@@ -18,11 +18,7 @@ from tests.support.llm import granted_now
 from tests.support.servers import free_port
 from tests.support.transports import Kind, Reader
 
-from debatebus.exceptions import ConfigError, TransportError
-from debatebus.llm.ratelimit import RateLimit
-from debatebus.llm.ratelimit_redis import RedisRateLimiter
-from debatebus.observability.heartbeat import latest_heartbeat
-from debatebus.redis import (
+from debatebus._redis import (
     ClusterBatcher,
     build_client,
     cluster_key,
@@ -31,13 +27,17 @@ from debatebus.redis import (
     split_cluster,
     split_seeds,
 )
-from debatebus.redis._topology import ClusterMap
+from debatebus._redis._topology import ClusterMap
+from debatebus.exceptions import ConfigError, TransportError
+from debatebus.llm._ratelimit import RateLimit
+from debatebus.llm._ratelimit_redis import RedisRateLimiter
+from debatebus.observability._heartbeat import latest_heartbeat
 from debatebus.schemas.envelope import completed_topic
 from debatebus.transports import transport_from_url
-from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.redis_pubsub import RedisPubSubTransport
-from debatebus.transports.redis_streams import RedisStreamsTransport
-from debatebus.transports.synkro import dedupe_key, lock_key
+from debatebus.transports._base import Delivery, Outgoing, dlq_topic
+from debatebus.transports._redis_pubsub import RedisPubSubTransport
+from debatebus.transports._redis_streams import RedisStreamsTransport
+from debatebus.transports._synkro import dedupe_key, lock_key
 
 pytestmark = pytest.mark.redis
 

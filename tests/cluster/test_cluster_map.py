@@ -9,9 +9,9 @@ from typing import Any
 
 from redis.asyncio import RedisCluster
 
+from debatebus._redis import NotSentError
+from debatebus._redis._topology import ClusterMap
 from debatebus.exceptions import DebatebusError, TransportError
-from debatebus.redis import NotSentError
-from debatebus.redis._topology import ClusterMap
 
 
 def _slots(*ranges: tuple[int, int, str, list[str]]) -> list[Any]:

@@ -24,16 +24,17 @@ import pytest
 from tests.support.bus import make_debate, running
 from tests.support.cluster import RedisClusterServers
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._redis import cluster_key
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import RedisCheckpointStore
 from debatebus.client import BusClient
-from debatebus.handlers.contract import HandlerResult
-from debatebus.llm.ratelimit import RateLimit, RateLimitedLLM
-from debatebus.llm.ratelimit_redis import RedisRateLimiter
-from debatebus.observability.observer import Observer, RequestContext, Settlement
-from debatebus.redis import cluster_key
+from debatebus.handlers._contract import HandlerResult
+from debatebus.llm import LLMRequest
+from debatebus.llm._ratelimit import RateLimit, RateLimitedLLM
+from debatebus.llm._ratelimit_redis import RedisRateLimiter
+from debatebus.observability._observer import Observer, RequestContext, Settlement
 from debatebus.schemas.envelope import completed_topic, failed_topic
-from debatebus.worker import DebateBus
+from debatebus.testing import FunctionLLM
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 

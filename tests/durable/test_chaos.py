@@ -134,7 +134,7 @@ async def test_chaos_kills_lose_nothing_and_repeat_nothing(chaos_url: str, redis
 
 async def _replay_topic(client: BusClient, url: str, event_type: str, ids: list[str]) -> None:
     """Ops replay of the whole request topic: every original request re-published as-is."""
-    from debatebus.cli.ops_cmds import replay_range
+    from debatebus.cli._ops_cmds import replay_range
 
     summary = await replay_range(client.transport, event_type, start=None, end=None)
     assert summary.republished >= len(ids)

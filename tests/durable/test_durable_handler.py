@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 from tests.support.durable import CountingLLM, Crash, debate, needed_calls
 
-from debatebus import Budget, FunctionLLM, LLMRequest
+from debatebus import Budget
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.checkpoints.base import CheckpointStore
+from debatebus.checkpoints._base import CheckpointStore
 from debatebus.exceptions import LeaseLostError
-from debatebus.handlers.checkpointing import debate_key
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 
 async def test_resume_continues_after_last_committed_round_without_repeating_calls() -> None:

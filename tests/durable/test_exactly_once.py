@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from tests.support.servers import RedisServer
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
 from debatebus.checkpoints import (
     CheckpointStore,
     MemoryCheckpointStore,
@@ -19,11 +19,13 @@ from debatebus.checkpoints import (
     SQLiteCheckpointStore,
     store_for_broker,
 )
-from debatebus.checkpoints.base import Counters
+from debatebus.checkpoints._base import Counters
 from debatebus.exceptions import ConfigError, InputError, TransportError
 from debatebus.handlers import attach_default_stores
-from debatebus.handlers.checkpointing import debate_key, decode_result
-from debatebus.handlers.inputs import request_fingerprint
+from debatebus.handlers._checkpointing import debate_key, decode_result
+from debatebus.handlers._inputs import request_fingerprint
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 ROUNDS = 2
 NEEDED = 1 + 3 * ROUNDS + 1  # framing, per round two turns and a judge, synthesis

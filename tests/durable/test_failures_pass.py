@@ -13,18 +13,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 from tests.support.bus import running, transport_options
 
-from debatebus import Budget, Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Budget, Debate, Judge, Participant
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import MemoryCheckpointStore, store_from_url
-from debatebus.cli.ops_cmds import replay_range
+from debatebus.cli._ops_cmds import replay_range
 from debatebus.client import BusClient
 from debatebus.exceptions import LLMError, TransportError
-from debatebus.handlers.checkpointing import debate_key
-from debatebus.observability.logs import LoggingObserver
-from debatebus.observability.metrics import PrometheusObserver
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.llm import LLMRequest
+from debatebus.observability._logs import LoggingObserver
+from debatebus.observability._metrics import PrometheusObserver
 from debatebus.schemas.envelope import Envelope
-from debatebus.testing import DebateTestBus
+from debatebus.testing import DebateTestBus, FunctionLLM
 from debatebus.transports import transport_from_url
-from debatebus.worker import DebateBus
 
 NAME = "passing"
 

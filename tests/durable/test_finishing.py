@@ -9,8 +9,8 @@ import pytest
 from tests.support.group_commit import debate, llm
 
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.handlers import durable
-from debatebus.handlers.checkpointing import debate_key
+from debatebus.handlers import _durable as durable
+from debatebus.handlers._checkpointing import debate_key
 
 
 class HeldFinishes(MemoryCheckpointStore):

@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.engine.definition import FailurePolicy
+from debatebus.engine._definition import FailurePolicy
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.checkpointing import debate_key
-from debatebus.handlers.forks import changed, fork
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.handlers._forks import changed, fork
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 QUESTION = "Rewrite the billing service in Rust?"
 

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from tests.support.group_commit import debate, llm
 
-from debatebus import FunctionLLM, LLMRequest
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.checkpoints.base import Counters
+from debatebus.checkpoints._base import Counters
 from debatebus.exceptions import TransportError
-from debatebus.handlers.checkpointing import debate_key
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 
 class RecordingStore(MemoryCheckpointStore):

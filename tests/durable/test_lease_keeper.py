@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from debatebus.handlers.leases import CHUNKS_AT_ONCE, RENEWALS_AT_ONCE, LeaseKeeper
+from debatebus.handlers._leases import CHUNKS_AT_ONCE, RENEWALS_AT_ONCE, LeaseKeeper
 
 
 class CountingStore:

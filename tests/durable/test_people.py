@@ -17,16 +17,18 @@ import msgspec
 import pytest
 from tests.support.bus import memory_app, running
 
-from debatebus import Debate, FunctionLLM, LLMRequest, Participant
+from debatebus import Debate, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import Answers, BusClient
 from debatebus.engine import HumanParticipant
-from debatebus.handlers.checkpointing import debate_key
-from debatebus.handlers.contract import HandlerContext, HandlerResult
-from debatebus.handlers.people import turn_reply
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.handlers._contract import HandlerContext, HandlerResult
+from debatebus.handlers._people import turn_reply
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope, failed_topic
+from debatebus.testing import FunctionLLM
 from debatebus.transports import Delivery, Outgoing
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 QUESTION = "Ship the redesign on Friday?"
 ALICE_SAYS = "alice: ship it behind a flag"

@@ -11,13 +11,14 @@ from typing import Any
 import pytest
 from tests.support.bus import make_debate, running
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import MemoryCheckpointStore, store_from_url
-from debatebus.cli.ops_cmds import parse_position, replay_range
+from debatebus.cli._ops_cmds import parse_position, replay_range
 from debatebus.client import BusClient
-from debatebus.handlers.checkpointing import debate_key
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 from debatebus.transports import transport_from_url
-from debatebus.worker import DebateBus
 
 
 def counting_llm() -> tuple[FunctionLLM, list[str]]:

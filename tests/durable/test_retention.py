@@ -11,7 +11,7 @@ from tests.support.durable import CountingLLM, debate, needed_calls
 from tests.support.servers import RedisServer
 
 from debatebus.checkpoints import MemoryCheckpointStore, SQLiteCheckpointStore
-from debatebus.checkpoints.base import CheckpointStore
+from debatebus.checkpoints._base import CheckpointStore
 from debatebus.exceptions import ConfigError
 
 #: The retention these tests ask for. They wait ``WAIT`` after the result is stored: certainly past

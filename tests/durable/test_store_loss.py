@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.handlers.checkpointing import debate_key
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 NAME = "lossy"
 

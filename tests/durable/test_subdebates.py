@@ -21,14 +21,14 @@ from tests.support.subdebates import (
     types,
 )
 
+from debatebus._settler import result_message
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import Answers
-from debatebus.handlers.checkpointing import debate_key
-from debatebus.handlers.contract import HandlerContext, HandlerResult
+from debatebus.handlers._checkpointing import debate_key
+from debatebus.handlers._contract import HandlerContext, HandlerResult
 from debatebus.schemas.envelope import ENVELOPE_DECODER, Envelope
-from debatebus.settler import result_message
 from debatebus.transports import Delivery
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 CHILD_ID = "p1~sub-security-1"
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from debatebus import FunctionLLM, LLMRequest, TokenUsage
+from debatebus._usage import ZERO_USAGE
 from debatebus.exceptions import LLMError
-from debatebus.llm.fakes import word_usage
+from debatebus.llm import LLMRequest, TokenUsage
+from debatebus.llm._fakes import word_usage
 from debatebus.schemas import events as ev
-from debatebus.usage import ZERO_USAGE
+from debatebus.testing import FunctionLLM
 
 # (speaker, purpose, round) of one call, e.g. ("alice", "opening", 1) or ("judge", "judge", 2).
 Key = tuple[str, str, int]

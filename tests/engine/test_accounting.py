@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from debatebus import Debate, Judge, Participant, ScriptedLLM, TokenUsage
+from debatebus import Debate, Judge, Participant
 from debatebus.exceptions import LLMError
-from debatebus.llm.fakes import word_usage
+from debatebus.llm import TokenUsage
+from debatebus.llm._fakes import word_usage
 from debatebus.schemas import events as ev
+from debatebus.testing import ScriptedLLM
 
 TOPIC = "Four-day work week?"
 NAMES = ("alice", "bob", "carol")

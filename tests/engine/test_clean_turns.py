@@ -8,9 +8,10 @@ import re
 import hypothesis
 import hypothesis.strategies as st
 
-from debatebus import Debate, Judge, Participant, ScriptedLLM
-from debatebus.engine.transcript import _heading, _maybe_tagged, _turn_start, clean_turn, fit_words
-from debatebus.llm.fakes import word_usage
+from debatebus import Debate, Judge, Participant
+from debatebus.engine._transcript import _heading, _maybe_tagged, _turn_start, clean_turn, fit_words
+from debatebus.llm._fakes import word_usage
+from debatebus.testing import ScriptedLLM
 
 TOPIC = "Should a 5-person startup adopt microservices?"
 NAMES = ("optimist", "critic", "pragmatist")

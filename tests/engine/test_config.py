@@ -9,10 +9,11 @@ import re
 import pytest
 from pydantic import BaseModel
 
-from debatebus import Debate, DebatebusError, Judge, Participant, ScriptedLLM
+from debatebus import Debate, DebatebusError, Judge, Participant
 from debatebus.engine import Prompts
-from debatebus.engine.definition import FAILURE_POLICIES, PROTOCOLS, DebateSpec
+from debatebus.engine._definition import FAILURE_POLICIES, PROTOCOLS, DebateSpec
 from debatebus.exceptions import ConfigError
+from debatebus.testing import ScriptedLLM
 
 
 def llm() -> ScriptedLLM:

@@ -15,21 +15,23 @@ from typing import Any
 
 import pytest
 
-from debatebus import Budget, Debate, FunctionLLM, Judge, LLMRequest, LLMResponse, Participant
-from debatebus.checkpoints.base import StoredCheckpoint
+from debatebus import Budget, Debate, Judge, Participant
+from debatebus._pricing import DEFAULT_PRICES, Price, Prices
+from debatebus._usage import TokenUsage
+from debatebus.checkpoints._base import StoredCheckpoint
 from debatebus.engine import Verdict
-from debatebus.engine.subdebates import SubDebates
+from debatebus.engine._subdebates import SubDebates
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.checkpointing import (
+from debatebus.handlers._checkpointing import (
     committed_items,
     counters_of,
     encode_entry,
     restore_progress,
 )
-from debatebus.handlers.results import result_fields
-from debatebus.pricing import DEFAULT_PRICES, Price, Prices
+from debatebus.handlers._results import result_fields
+from debatebus.llm import LLMRequest, LLMResponse
 from debatebus.schemas import events as ev
-from debatebus.usage import TokenUsage
+from debatebus.testing import FunctionLLM
 
 TURN_USAGE = TokenUsage.of(1000, 100, cache_read_tokens=600, cache_write_tokens=200)
 TURN_COST = 0.00303

@@ -8,10 +8,12 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant, Verdict
-from debatebus.engine import Utility
-from debatebus.engine.prompts import SHARED_SYSTEM
+from debatebus import Debate, Judge, Participant
+from debatebus.engine import Utility, Verdict
+from debatebus.engine._prompts import SHARED_SYSTEM
+from debatebus.llm import LLMRequest
 from debatebus.schemas import events as ev
+from debatebus.testing import FunctionLLM
 
 TOPIC = "How should the city spend its transport budget?"
 

@@ -7,11 +7,13 @@ import json
 
 import msgspec
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant, Verdict
-from debatebus.engine import HumanParticipant
-from debatebus.engine.subdebates import SubDebates
+from debatebus import Debate, Judge, Participant
+from debatebus.engine import HumanParticipant, Verdict
+from debatebus.engine._subdebates import SubDebates
+from debatebus.llm import LLMRequest
 from debatebus.schemas import events as ev
 from debatebus.schemas.events import EVENT_DECODER
+from debatebus.testing import FunctionLLM
 
 TOPIC = "Tabs or spaces?"
 NAMES = ("alice", "bob", "carol")

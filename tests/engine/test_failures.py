@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus import Debate, Judge, Participant, ScriptedLLM, TokenUsage
+from debatebus import Debate, Judge, Participant
 from debatebus.engine import Prompts
 from debatebus.exceptions import LLMError, LLMResponseError
+from debatebus.llm import TokenUsage
 from debatebus.schemas import events as ev
+from debatebus.testing import ScriptedLLM
 
 TOPIC = "Is remote work better for teams?"
 NAMES = ("alice", "bob", "carol")

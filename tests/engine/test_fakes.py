@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM, TokenUsage, Verdict
+from debatebus.engine import Verdict
 from debatebus.exceptions import LLMResponseError, ScriptExhaustedError
-from debatebus.llm import Message
-from debatebus.llm.fakes import word_usage
+from debatebus.llm import LLMRequest, LLMResponse, Message, TokenUsage
+from debatebus.llm._fakes import word_usage
+from debatebus.testing import FunctionLLM, ScriptedLLM
 
 
 def request(prompt: str = "say something now", schema=None, **kw) -> LLMRequest:

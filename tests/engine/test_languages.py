@@ -8,7 +8,7 @@ import pytest
 
 from debatebus import Debate, Judge, Participant
 from debatebus.engine import Prompts, Utility
-from debatebus.engine.prompts import ENGLISH, SHARED_SYSTEM, SPANISH
+from debatebus.engine._prompts import ENGLISH, SHARED_SYSTEM, SPANISH
 from debatebus.exceptions import ConfigError
 
 NAMES = ("alice", "bob")

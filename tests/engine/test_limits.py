@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 
-from debatebus import Budget, Debate, Judge, Participant, TokenUsage
-from debatebus.llm.fakes import word_usage
+from debatebus import Budget, Debate, Judge, Participant
+from debatebus.llm import TokenUsage
+from debatebus.llm._fakes import word_usage
 
 TOPIC = "Should we rewrite it in Rust?"
 NAMES = ("alice", "bob", "carol")

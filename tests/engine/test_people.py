@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus import Debate, FunctionLLM, LLMRequest, Participant
+from debatebus import Debate, Participant
 from debatebus.engine import HumanParticipant
-from debatebus.engine.people import TurnRequest
+from debatebus.engine._people import TurnRequest
 from debatebus.exceptions import ConfigError
+from debatebus.llm import LLMRequest
 from debatebus.schemas import events as ev
+from debatebus.testing import FunctionLLM
 
 DANA = HumanParticipant("dana", event_type="debate:turn:dana", deadline_s=5)
 

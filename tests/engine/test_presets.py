@@ -14,10 +14,10 @@ import pytest
 
 from debatebus import Debate, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.cli import run_cmd
-from debatebus.engine.presets import PRESETS, preset
+from debatebus.cli import _run_cmd as run_cmd
+from debatebus.engine._presets import PRESETS, preset
 from debatebus.exceptions import ConfigError, InputError
-from debatebus.handlers.inputs import request_fingerprint
+from debatebus.handlers._inputs import request_fingerprint
 from debatebus.llm import ScriptedLLM
 from debatebus.schemas import events as ev
 from debatebus.testing import DebateTestBus, FunctionLLM

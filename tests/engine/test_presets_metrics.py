@@ -10,9 +10,9 @@ from prometheus_client import CollectorRegistry
 
 from debatebus import Debate, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.engine.debate import DebateMetrics
+from debatebus.engine._debate import DebateMetrics
 from debatebus.exceptions import LLMError
-from debatebus.observability.metrics import PrometheusObserver
+from debatebus.observability._metrics import PrometheusObserver
 from debatebus.testing import DebateTestBus
 
 NAMES = ("alice", "bob", "carol")

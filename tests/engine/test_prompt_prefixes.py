@@ -14,17 +14,19 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
 from debatebus.engine import Prompts, Utility
-from debatebus.engine.presets import PRESETS
-from debatebus.engine.run import Run
-from debatebus.engine.transcript import (
+from debatebus.engine._presets import PRESETS
+from debatebus.engine._run import Run
+from debatebus.engine._transcript import (
     Round,
     TranscriptText,
     Turn,
     render_round,
     render_transcript,
 )
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 QUESTION = "Should the library adopt {templates} for its prompts?"
 #: How each language opens a speaker's own part of a prompt.

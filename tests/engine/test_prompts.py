@@ -6,13 +6,14 @@ import hypothesis
 import hypothesis.strategies
 import pytest
 
-from debatebus import Debate, FunctionLLM, Judge, Participant
+from debatebus import Debate, Judge, Participant
 from debatebus.engine import PROTOCOL_VERSION, DebateState, PromptContext, Prompts, Utility
-from debatebus.engine.definition import fixed_fields
-from debatebus.engine.run import Run
-from debatebus.engine.templates import bind_template, fill_parts, fill_template, template_fields
-from debatebus.engine.transcript import Round, TranscriptText, Turn, render_round
+from debatebus.engine._definition import fixed_fields
+from debatebus.engine._run import Run
+from debatebus.engine._templates import bind_template, fill_parts, fill_template, template_fields
+from debatebus.engine._transcript import Round, TranscriptText, Turn, render_round
 from debatebus.exceptions import ConfigError
+from debatebus.testing import FunctionLLM
 
 NAMES = ("alice", "bob")
 NASTY_TOPIC = "Summarize {input} and {{ x }} then {0} {question} {} {{{speaker}}} }{ %s $x"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from debatebus import Debate, Judge, Participant, Verdict
-from debatebus.engine import DebateState, Prompts
-from debatebus.engine.definition import DEFAULT_JUDGE_PROMPT
-from debatebus.engine.prompts import SHARED_SYSTEM
+from debatebus import Debate, Judge, Participant
+from debatebus.engine import DebateState, Prompts, Verdict
+from debatebus.engine._definition import DEFAULT_JUDGE_PROMPT
+from debatebus.engine._prompts import SHARED_SYSTEM
 from debatebus.schemas import events as ev
 
 TOPIC = "Should cities ban cars from their centres?"

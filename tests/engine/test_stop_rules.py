@@ -8,11 +8,13 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant, Verdict
-from debatebus.demo import build_debate
-from debatebus.engine import DebateState
-from debatebus.engine.rules import consensus_reached, empty_verdict
+from debatebus import Debate, Judge, Participant
+from debatebus._demo import build_debate
+from debatebus.engine import DebateState, Verdict
+from debatebus.engine._rules import consensus_reached, empty_verdict
 from debatebus.exceptions import ConfigError
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 TOPIC = "Should the city build a tram line?"
 

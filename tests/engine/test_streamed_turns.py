@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
-from debatebus.engine.run import TurnKey
+from debatebus import Debate, Judge, Participant
+from debatebus.engine._run import TurnKey
 from debatebus.exceptions import LLMError
+from debatebus.llm import LLMRequest
 from debatebus.schemas import events as ev
+from debatebus.testing import FunctionLLM
 
 
 class Recorder:

@@ -9,10 +9,11 @@ from collections.abc import Callable, Mapping
 import msgspec
 import pytest
 
-from debatebus import Debate, FunctionLLM, LLMRequest, Participant
-from debatebus.engine.prompts import ENGLISH, SPANISH
-from debatebus.engine.result import Progress
-from debatebus.engine.subdebates import (
+from debatebus import Debate, Participant
+from debatebus._usage import ZERO_USAGE
+from debatebus.engine._prompts import ENGLISH, SPANISH
+from debatebus.engine._result import Progress
+from debatebus.engine._subdebates import (
     SubDebateRecord,
     SubDebates,
     TriggerResult,
@@ -20,10 +21,11 @@ from debatebus.engine.subdebates import (
     parse_marker,
 )
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.results import result_fields
-from debatebus.llm.fakes import word_usage
+from debatebus.handlers._results import result_fields
+from debatebus.llm import LLMRequest
+from debatebus.llm._fakes import word_usage
 from debatebus.schemas import events as ev
-from debatebus.usage import ZERO_USAGE
+from debatebus.testing import FunctionLLM
 
 TOPIC = "Should we ship the login redesign this week?"
 MARK = "REQUEST_SUB_DEBATE: security"

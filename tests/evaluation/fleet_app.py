@@ -7,7 +7,7 @@ import os
 
 from tests.evaluation.world import world_debate
 
-from debatebus.worker import DebateBus
+from debatebus._worker import DebateBus
 
 app = DebateBus(os.environ["DBB_BROKER"], group=os.environ["DBB_GROUP"])
 app.subscribe(os.environ["DBB_EVENT_TYPE"], world_debate().as_handler())

@@ -21,7 +21,7 @@ from tests.support.servers import RedisServer
 from debatebus.cli import main
 from debatebus.client import BusClient
 from debatebus.evaluation import DebateArm, Evaluation, FleetArm, Report, Single, Vote
-from debatebus.observability.heartbeat import latest_heartbeat
+from debatebus.observability._heartbeat import latest_heartbeat
 
 pytestmark = pytest.mark.redis
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from debatebus.evaluation import arithmetic, gsm8k, jsonl
-from debatebus.evaluation.datasets import ARITHMETIC_INSTRUCTION
+from debatebus.evaluation._datasets import ARITHMETIC_INSTRUCTION
 from debatebus.exceptions import ConfigError
 
 GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k" / "test.jsonl"

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from debatebus import FunctionLLM, LLMRequest
 from debatebus.evaluation import ExactGrader, Item, JudgeGrader, NumericGrader, RegexGrader
-from debatebus.evaluation.graders import extract_number, number_key
+from debatebus.evaluation._graders import extract_number, number_key
 from debatebus.exceptions import ConfigError, LLMResponseError
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 
 @pytest.mark.parametrize(("text", "number"), [

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.local_llm, pytest.mark.skipif(not HAVE_LLAMA, reason=N
 
 
 async def test_the_embedded_model_is_asked_counted_and_graded(tmp_path: Path) -> None:
-    from debatebus.llm.local import LocalLLM
+    from debatebus.llm._local import LocalLLM
 
     llm = LocalLLM(seed=3, max_tokens=8, n_threads=2)
     arms = [Single(llm), Vote(llm, k=2)]

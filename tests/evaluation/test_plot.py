@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xml.etree import ElementTree
 
-from debatebus.evaluation.plot import Point, accuracy_tokens_svg, nice_ticks
+from debatebus.evaluation._plot import Point, accuracy_tokens_svg, nice_ticks
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -12,7 +12,7 @@ from xml.etree import ElementTree
 import pytest
 from tests.evaluation.world import DATASET, answer, judged_debate, world_debate, world_llm
 
-from debatebus import FunctionLLM, LLMRequest, LLMResponse, ScriptedLLM
+from debatebus._pricing import Price, Prices
 from debatebus.evaluation import (
     Ask,
     DebateArm,
@@ -27,8 +27,9 @@ from debatebus.evaluation import (
     wilson_interval,
 )
 from debatebus.exceptions import ConfigError, LLMError
-from debatebus.llm.base import model_name
-from debatebus.pricing import Price, Prices
+from debatebus.llm import LLMRequest, LLMResponse
+from debatebus.llm._base import model_name
+from debatebus.testing import FunctionLLM, ScriptedLLM
 
 LATENCY = ("latency_p50_s", "latency_p95_s")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus.evaluation.statistics import (
+from debatebus.evaluation._statistics import (
     mcnemar_exact,
     paired_bootstrap,
     percentile,

@@ -18,9 +18,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest
+from debatebus import Debate, Judge
 from debatebus.evaluation import Dataset, arithmetic
-from debatebus.evaluation.arms import solver_debate
+from debatebus.evaluation._arms import solver_debate
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 DATASET: Dataset = arithmetic(10, seed=3)
 _QUESTION = re.compile(r"What is the result of [0-9+*-]+\?")

@@ -23,7 +23,7 @@ from tests.support.processes import (
 from tests.support.servers import RedisServer, TansuServer
 
 from debatebus.client import BusClient, request_message
-from debatebus.transports.base import Delivery, Outgoing, dlq_topic
+from debatebus.transports._base import Delivery, Outgoing, dlq_topic
 
 #: The calls of one debate of the worker app: framing, 2 rounds × (2 turns + judge), synthesis.
 NEEDED = 8

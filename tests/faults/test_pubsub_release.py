@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from tests.support.bus import make_debate, running
 
-from debatebus.backoff import redelivery_delay
+from debatebus._backoff import redelivery_delay
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
 from debatebus.exceptions import TransportError
 from debatebus.transports import Delivery
-from debatebus.transports.synkro import SynkroDialect
-from debatebus.worker import DebateBus
+from debatebus.transports._synkro import SynkroDialect
 
 pytestmark = pytest.mark.redis
 

@@ -16,11 +16,13 @@ import redis
 from tests.support.bus import running
 from tests.support.servers import RedisServer
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
+from debatebus._worker import DebateBus
 from debatebus.client import request_message
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import completed_topic
-from debatebus.transports.base import RECOVERED_HEADER
-from debatebus.worker import DebateBus
+from debatebus.testing import FunctionLLM
+from debatebus.transports._base import RECOVERED_HEADER
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 

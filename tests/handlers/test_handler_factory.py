@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from debatebus import Debate, FunctionLLM, Participant
-from debatebus.engine.debate import serve_debates_with
+from debatebus import Debate, Participant
+from debatebus.engine._debate import serve_debates_with
 from debatebus.handlers import DebateHandler
+from debatebus.testing import FunctionLLM
 
 
 def test_as_handler_calls_the_registered_factory() -> None:

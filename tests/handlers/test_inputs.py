@@ -8,7 +8,7 @@ import pytest
 from tests.support.bus import make_debate
 
 from debatebus.exceptions import InputError
-from debatebus.handlers.inputs import MAX_ROUNDS_LIMIT, read_max_rounds
+from debatebus.handlers._inputs import MAX_ROUNDS_LIMIT, read_max_rounds
 
 SEND = f"send a whole number from 1 to {MAX_ROUNDS_LIMIT}"
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from debatebus.engine.run import TurnKey
+from debatebus.engine._run import TurnKey
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.streaming import TurnStreams
+from debatebus.handlers._streaming import TurnStreams
 from debatebus.schemas.events import TurnDelta
 
 KEY = TurnKey(2, "critic", "rebuttal")
@@ -117,7 +117,8 @@ async def test_a_retry_marks_the_turns_an_earlier_attempt_may_have_streamed() ->
 
 
 def test_the_interval_is_checked() -> None:
-    from debatebus import Debate, FunctionLLM, Participant
+    from debatebus import Debate, Participant
+    from debatebus.testing import FunctionLLM
 
     debate = Debate("d", [Participant("a", "A")], llm=FunctionLLM(lambda r: "x"))
     for bad in (0, -1, float("nan"), 61):

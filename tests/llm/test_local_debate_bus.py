@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from debatebus import Debate, Participant
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
-from debatebus.worker import DebateBus
 from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 pytestmark = [
@@ -22,7 +22,7 @@ pytestmark = [
 async def test_local_model_debate_over_redis_streams_completes(
     redis_server: object, model_path: object
 ) -> None:
-    from debatebus.llm.local import LocalLLM
+    from debatebus.llm._local import LocalLLM
 
     # Short answers keep this quick on a busy 2-core machine; the shape is what is checked.
     llm = LocalLLM(model_path, max_tokens=48, seed=3)  # type: ignore[arg-type]

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant, ScriptedLLM, Verdict
-from debatebus.llm import LLMResponse, Message
+from debatebus import Debate, Judge, Participant
+from debatebus.engine import Verdict
+from debatebus.llm import LLMRequest, LLMResponse, Message
+from debatebus.testing import FunctionLLM, ScriptedLLM
 from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 pytestmark = [pytest.mark.local_llm, pytest.mark.skipif(not HAVE_LLAMA, reason=NO_LLAMA)]
 
 if HAVE_LLAMA:
-    from debatebus.llm.local import LocalLLM
+    from debatebus.llm._local import LocalLLM
 
 QUESTIONS = (
     "Should a 5-person startup adopt microservices?",

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import store_from_url
 from debatebus.client import BusClient
 from debatebus.engine import Debate, Participant
 from debatebus.exceptions import LLMError
-from debatebus.handlers.results import failure_fields, result_fields, to_builtins
+from debatebus.handlers._results import failure_fields, result_fields, to_builtins
 from debatebus.llm import FunctionLLM, LLMRequest, OpenAICompatibleLLM, model_name, resolve_llm
-from debatebus.llm.retry import RetryPolicy
+from debatebus.llm._retry import RetryPolicy
 from debatebus.schemas.events import DebateEvent
-from debatebus.worker import DebateBus
 from tests.llm.servers import FakeAPI, Reply
 
 PASSWORD = "Pw0rdSecret"

@@ -14,11 +14,11 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from debatebus._usage import TokenUsage
 from debatebus.exceptions import LLMError, LLMRateLimitError, LLMResponseError, LLMTimeoutError
 from debatebus.llm import LLMRequest, Message
-from debatebus.llm.openai_compat import OpenAICompatibleLLM, strict_json_schema
-from debatebus.llm.retry import RetryPolicy
-from debatebus.usage import TokenUsage
+from debatebus.llm._openai_compat import OpenAICompatibleLLM, strict_json_schema
+from debatebus.llm._retry import RetryPolicy
 from tests.llm.servers import FakeAPI, Reply, chat_completion
 from tests.support.llm import Sleeps
 from tests.support.servers import free_port
@@ -309,9 +309,9 @@ async def test_api_key_never_appears_in_errors_or_reprs(fake_api: FakeAPI) -> No
 
 def test_import_without_the_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "openai", None)
-    monkeypatch.delitem(sys.modules, "debatebus.llm.openai_compat", raising=False)
+    monkeypatch.delitem(sys.modules, "debatebus.llm._openai_compat", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'debatebus\[openai\]'"):
-        import debatebus.llm.openai_compat  # noqa: F401
+        import debatebus.llm._openai_compat  # noqa: F401
 
 
 # --- a call is bounded as a whole ----------------------------------------------------------------

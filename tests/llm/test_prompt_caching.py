@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from debatebus import Debate, Judge, Participant
+from debatebus._pricing import DEFAULT_PRICES
+from debatebus._usage import TokenUsage
 from debatebus.llm import AnthropicLLM, LLMRequest, Message, OpenAICompatibleLLM
-from debatebus.llm.openai_compat import prompt_cache_key
-from debatebus.llm.retry import RetryPolicy
-from debatebus.pricing import DEFAULT_PRICES
-from debatebus.usage import TokenUsage
+from debatebus.llm._openai_compat import prompt_cache_key
+from debatebus.llm._retry import RetryPolicy
 from tests.llm.servers import FakeAPI, Reply, anthropic_message, chat_completion
 from tests.support.caching import AnthropicCache, CachingAPI, OpenAICache
 

@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from debatebus._usage import TokenUsage
 from debatebus.exceptions import ConfigError, LLMError, TransportError
 from debatebus.llm import FunctionLLM, LLMRequest, LLMResponse, Message
-from debatebus.llm.openai_compat import OpenAICompatibleLLM
-from debatebus.llm.rate_limits import with_rate_limits
-from debatebus.llm.ratelimit import (
+from debatebus.llm._openai_compat import OpenAICompatibleLLM
+from debatebus.llm._rate_limits import with_rate_limits
+from debatebus.llm._ratelimit import (
     MemoryRateLimiter,
     RateLimit,
     RateLimitedLLM,
@@ -25,10 +26,9 @@ from debatebus.llm.ratelimit import (
     estimate_tokens,
     parse_rate_limits,
 )
-from debatebus.llm.ratelimit_redis import RedisRateLimiter
-from debatebus.llm.retry import RetryPolicy, parse_rate_limit_reset
-from debatebus.observability.metrics import PrometheusObserver
-from debatebus.usage import TokenUsage
+from debatebus.llm._ratelimit_redis import RedisRateLimiter
+from debatebus.llm._retry import RetryPolicy, parse_rate_limit_reset
+from debatebus.observability._metrics import PrometheusObserver
 from tests.llm.servers import FakeAPI, Reply
 from tests.support.llm import Sleeps, granted_now, granted_within
 from tests.support.servers import free_port

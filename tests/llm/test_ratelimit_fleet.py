@@ -13,8 +13,8 @@ import uuid
 from collections import Counter
 from typing import Any
 
-from debatebus.llm.ratelimit import RateLimit
-from debatebus.llm.ratelimit_redis import RedisRateLimiter
+from debatebus.llm._ratelimit import RateLimit
+from debatebus.llm._ratelimit_redis import RedisRateLimiter
 
 PROCESSES = 3
 # process, asked at (before acquire()), granted at, released at (time.time())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from debatebus._redaction import redact
 from debatebus.exceptions import ConfigError
 from debatebus.llm import (
     AnthropicLLM,
@@ -19,7 +20,6 @@ from debatebus.llm import (
     ScriptedLLM,
     resolve_llm,
 )
-from debatebus.redaction import redact
 from tests.support.llm import HAVE_LLAMA, NO_LLAMA
 
 

@@ -4,7 +4,7 @@ Anthropic's ``stop_sequences``; none when the request has none."""
 from __future__ import annotations
 
 from debatebus.llm import AnthropicLLM, LLMRequest, Message
-from debatebus.llm.openai_compat import OpenAICompatibleLLM
+from debatebus.llm._openai_compat import OpenAICompatibleLLM
 from tests.llm.servers import FakeAPI
 
 STOPS = ("[critic]", "\ncritic said:", "\ncritic:", "[judge]", "\nRound ", "\n---")

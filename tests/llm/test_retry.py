@@ -9,8 +9,9 @@ from email.utils import format_datetime
 
 import pytest
 
+from debatebus._redaction import redact
 from debatebus.exceptions import LLMError, LLMRateLimitError, LLMResponseError, LLMTimeoutError
-from debatebus.llm.retry import (
+from debatebus.llm._retry import (
     ProviderFailure,
     Redactor,
     RetryPolicy,
@@ -18,7 +19,6 @@ from debatebus.llm.retry import (
     failure_for_status,
     parse_retry_after,
 )
-from debatebus.redaction import redact
 from tests.support.llm import Sleeps
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from debatebus.cli import run_cmd
-from debatebus.cli.run_cmd import DebateView, RichScreen
-from debatebus.demo import build_debate
+from debatebus._demo import build_debate
+from debatebus.cli import _run_cmd as run_cmd
+from debatebus.cli._run_cmd import DebateView, RichScreen
 from debatebus.llm import ScriptedLLM
 from debatebus.schemas import events as ev
 

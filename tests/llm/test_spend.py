@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from debatebus import Debate, FunctionLLM, LLMRequest, LLMResponse, Participant
+from debatebus import Debate, Participant
+from debatebus._pricing import Price, Prices
+from debatebus._usage import TokenUsage
 from debatebus.exceptions import ConfigError, LLMTimeoutError, SpendLimitError
-from debatebus.handlers.results import result_fields
-from debatebus.llm import MemorySpendLimiter, SpendLimit, SpendLimitedLLM
-from debatebus.pricing import Price, Prices
-from debatebus.usage import TokenUsage
+from debatebus.handlers._results import result_fields
+from debatebus.llm import LLMRequest, LLMResponse, MemorySpendLimiter, SpendLimit, SpendLimitedLLM
+from debatebus.testing import FunctionLLM
 
 PRICES = Prices({"talker": Price(3.0, 0.3, 3.75, 15.0)})
 USAGE = TokenUsage.of(1000, 100)  # (1000·3 + 100·15) / 1e6 = 0.0045 a call

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from debatebus import Debate, FunctionLLM, LLMRequest, LLMResponse, Participant
-from debatebus.llm import SpendLimit, SpendLimitedLLM
-from debatebus.llm.ratelimit_redis import RedisSpendLimiter
-from debatebus.pricing import Price, Prices
-from debatebus.usage import TokenUsage
+from debatebus import Debate, Participant
+from debatebus._pricing import Price, Prices
+from debatebus._usage import TokenUsage
+from debatebus.llm import LLMRequest, LLMResponse, SpendLimit, SpendLimitedLLM
+from debatebus.llm._ratelimit_redis import RedisSpendLimiter
+from debatebus.testing import FunctionLLM
 
 PROCESSES = 3
 PRICES = Prices({"talker": Price(3.0, 0.3, 3.75, 15.0)})

@@ -1,4 +1,4 @@
-"""``debatebus.llm.sse`` against local asyncio servers that write raw HTTP: bodies chunked (split
+"""``debatebus.llm._sse`` against local asyncio servers that write raw HTTP: bodies chunked (split
 across reads at awkward places), by length and up to the close; errors (a status, a connection
 closed early, a wait past the timeout); paced reads and ``hurry``; HTTPS with a certificate from
 ``SSL_CERT_FILE``; and the providers' fall-back to their SDK's stream through a proxy."""
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from debatebus.llm import LLMRequest, Message
-from debatebus.llm.anthropic_llm import AnthropicLLM
-from debatebus.llm.base import next_tick, tick
-from debatebus.llm.openai_compat import OpenAICompatibleLLM
-from debatebus.llm.retry import RetryPolicy
-from debatebus.llm.sse import EventSource, HTTPStatusError, open_events
+from debatebus.llm._anthropic_llm import AnthropicLLM
+from debatebus.llm._base import next_tick, tick
+from debatebus.llm._openai_compat import OpenAICompatibleLLM
+from debatebus.llm._retry import RetryPolicy
+from debatebus.llm._sse import EventSource, HTTPStatusError, open_events
 from tests.llm.servers import anthropic_events, chat_chunks
 
 #: What a scripted server does with a connection, once the request's head and body are in.
@@ -391,5 +391,5 @@ async def test_through_a_proxy_the_stream_is_the_sdks(
         await llm.aclose()
     assert "".join(got) == "Hello there"
     path = "/v1/chat/completions" if provider == "openai" else "/v1/messages"
-    # The absolute form a client sends a proxy: the SDK's httpx, not debatebus.llm.sse.
+    # The absolute form a client sends a proxy: the SDK's httpx, not debatebus.llm._sse.
     assert seen.lines == [f"POST http://api.example.invalid{path} HTTP/1.1"]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from debatebus._usage import TokenUsage
 from debatebus.exceptions import ConfigError, LLMError, LLMRateLimitError
 from debatebus.llm import (
     LLM,
@@ -24,10 +25,9 @@ from debatebus.llm import (
     RateLimitedLLM,
     ScriptedLLM,
 )
-from debatebus.llm.anthropic_llm import AnthropicLLM
-from debatebus.llm.openai_compat import OpenAICompatibleLLM
-from debatebus.llm.retry import RetryPolicy
-from debatebus.usage import TokenUsage
+from debatebus.llm._anthropic_llm import AnthropicLLM
+from debatebus.llm._openai_compat import OpenAICompatibleLLM
+from debatebus.llm._retry import RetryPolicy
 from tests.llm.servers import FakeAPI, Reply, anthropic_events, chat_chunks, chat_completion
 from tests.support.llm import HAVE_LLAMA, NO_LLAMA, Sleeps
 
@@ -203,7 +203,7 @@ async def test_anthropic_streams_text_deltas_with_the_usage_of_start_and_delta(
 @pytest.mark.skipif(not HAVE_LLAMA, reason=NO_LLAMA)
 async def test_the_embedded_model_streams_tokens_as_llama_cpp_writes_them(
         model_path: Path) -> None:
-    from debatebus.llm.local import LocalLLM
+    from debatebus.llm._local import LocalLLM
 
     llm = LocalLLM(model_path, seed=7, max_tokens=24, n_ctx=1024, n_threads=2)
     pieces, response = await read(llm.stream(REQUEST))

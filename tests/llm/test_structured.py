@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from debatebus.engine.rules import parse_verdict
+from debatebus._usage import TokenUsage
+from debatebus.engine._rules import parse_verdict
 from debatebus.exceptions import LLMRateLimitError, LLMResponseError
 from debatebus.llm import LLMRequest, Message, ScriptedLLM
-from debatebus.llm.structured import (
+from debatebus.llm._structured import (
     Completion,
     InvalidStructuredOutput,
     complete_structured,
@@ -16,7 +17,6 @@ from debatebus.llm.structured import (
     parse_structured,
     with_json_instructions,
 )
-from debatebus.usage import TokenUsage
 
 
 class Verdict(BaseModel):

@@ -6,7 +6,7 @@ import os
 
 from tests.support.bus import make_debate, transport_options
 
-from debatebus.worker import DebateBus
+from debatebus._worker import DebateBus
 
 
 def app() -> DebateBus:

@@ -11,13 +11,14 @@ from typing import Any
 
 from tests.support.bus import make_debate, transport_options
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import MemoryCheckpointStore
-from debatebus.checkpoints.base import Counters
-from debatebus.observability.observer import Observer, RequestContext
+from debatebus.checkpoints._base import Counters
+from debatebus.llm import LLMRequest
+from debatebus.observability._observer import Observer, RequestContext
 from debatebus.schemas.events import DebateEvent
+from debatebus.testing import FunctionLLM
 from debatebus.transports import Delivery
-from debatebus.worker import DebateBus
 
 __all__ = ["DOOMED", "FAKE_KEY", "TIMEOUT", "EventLog", "FlakyStore", "app_on", "debatebus_check", "first",
            "new_event_type",

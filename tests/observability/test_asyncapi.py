@@ -30,16 +30,16 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT7
 from tests.support.bus import make_debate, running
 
+from debatebus._worker import EVENTS_TOPIC, DebateBus
 from debatebus.asyncapi import build_asyncapi
 from debatebus.cli import main
 from debatebus.exceptions import ConfigError, InputError
-from debatebus.handlers.inputs import read_debate_id, read_max_rounds, read_question, read_replay
+from debatebus.handlers._inputs import read_debate_id, read_max_rounds, read_question, read_replay
 from debatebus.schemas.envelope import completed_topic, failed_topic
 from debatebus.schemas.events import EVENT_TYPES
 from debatebus.transports import Outgoing, dlq_topic
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 from debatebus.transports.kafka import kafka_topic
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import EVENTS_TOPIC, DebateBus
 
 SPEC = Path(__file__).with_name("asyncapi-3.0.0.json")
 DOC_URI = "https://debatebus.invalid/asyncapi.json"

@@ -7,14 +7,14 @@ from __future__ import annotations
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from debatebus.handlers.children import outcome_of
-from debatebus.handlers.contract import HandlerResult
-from debatebus.observability.metrics import PrometheusObserver
-from debatebus.observability.observer import RequestContext
+from debatebus._usage import TokenUsage
+from debatebus.handlers._children import outcome_of
+from debatebus.handlers._contract import HandlerResult
+from debatebus.observability._metrics import PrometheusObserver
+from debatebus.observability._observer import RequestContext
 from debatebus.schemas import events as ev
 from debatebus.schemas.cost import DebateCost
-from debatebus.usage import TokenUsage
-from debatebus.web.store import DebateStore
+from debatebus.web._store import DebateStore
 
 USAGE = TokenUsage.of(1000, 100, cache_read_tokens=600, cache_write_tokens=200)
 COST = DebateCost("USD", 0.0123, {"ann": 0.01, "judge": 0.0023}, 0.0, "2030-01-01")

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from tests.support.bus import make_debate, running
 
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
-from debatebus.observability.logs import LoggingObserver
-from debatebus.observability.observer import Observer, RequestContext, fan_out
+from debatebus.observability._logs import LoggingObserver
+from debatebus.observability._observer import Observer, RequestContext, fan_out
 from debatebus.schemas import events as ev
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import DebateBus
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 
 class Recorder(Observer):

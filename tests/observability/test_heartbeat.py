@@ -18,18 +18,18 @@ from tests.support.bus import make_debate, running, transport_options
 from tests.support.processes import WorkerProcess
 from tests.support.servers import free_port
 
-from debatebus.cli.observe_cmds import check, judge
+from debatebus._worker import DebateBus
+from debatebus.cli._observe_cmds import check, judge
 from debatebus.exceptions import TransportError
-from debatebus.observability.heartbeat import (
+from debatebus.observability._heartbeat import (
     HEARTBEAT_TOPIC,
-    STREAM_MAXLEN,
     beat_forever,
     heartbeat_key,
     latest_heartbeat,
     send_last_beat,
 )
 from debatebus.transports import Delivery, MemoryTransport, Outgoing, Transport
-from debatebus.worker import DebateBus
+from debatebus.transports._base import HEARTBEAT_STREAM_MAXLEN
 
 WAIT = 60.0
 
@@ -116,7 +116,7 @@ async def test_newest_beat_of_a_group_under_other_groups(redis_server: Any) -> N
 
 @pytest.mark.redis
 async def test_stream_of_beats_is_trimmed(redis_server: Any) -> None:
-    from debatebus.transports.redis_streams import RedisStreamsTransport
+    from debatebus.transports._redis_streams import RedisStreamsTransport
 
     sent = 0
 
@@ -128,7 +128,7 @@ async def test_stream_of_beats_is_trimmed(redis_server: Any) -> None:
     async with RedisStreamsTransport(redis_server.url) as transport:
         task = asyncio.create_task(beat_forever(transport, "trim", "c", 0.001, count))
         async with asyncio.timeout(WAIT):
-            while sent < STREAM_MAXLEN + 500:
+            while sent < HEARTBEAT_STREAM_MAXLEN + 500:
                 assert not task.done()
                 await asyncio.sleep(0.05)
         task.cancel()
@@ -137,8 +137,8 @@ async def test_stream_of_beats_is_trimmed(redis_server: Any) -> None:
             length = await client.xlen(HEARTBEAT_TOPIC)
         finally:
             await client.aclose()
-    # Approximate trimming keeps about STREAM_MAXLEN: whole macro nodes of 100 entries.
-    assert length < STREAM_MAXLEN + 200
+    # Approximate trimming keeps about HEARTBEAT_STREAM_MAXLEN: whole macro nodes of 100 entries.
+    assert length < HEARTBEAT_STREAM_MAXLEN + 200
 
 
 @pytest.mark.kafka

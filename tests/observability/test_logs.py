@@ -12,19 +12,20 @@ import pytest
 from tests.observability.observed import DOOMED, FAKE_KEY, TIMEOUT, new_event_type, scripted_llm
 from tests.support.bus import make_debate, running, transport_options
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
 from debatebus.handlers import HandlerResult
-from debatebus.observability.logs import (
+from debatebus.llm import LLMRequest
+from debatebus.observability._logs import (
     LoggingObserver,
     RedactingFilter,
     configure_logging,
     redact,
 )
-from debatebus.observability.observer import RequestContext
+from debatebus.observability._observer import RequestContext
 from debatebus.schemas import events as ev
-from debatebus.worker import DebateBus
+from debatebus.testing import FunctionLLM
 
 TURN_TEXT = "a considered view"
 OPENAI_KEY = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx1234"

@@ -18,8 +18,8 @@ from tests.observability.observed import (
 from tests.support.bus import running, transport_options
 
 from debatebus.client import BusClient
-from debatebus.observability.metrics import PrometheusObserver
-from debatebus.observability.observer import RequestContext
+from debatebus.observability._metrics import PrometheusObserver
+from debatebus.observability._observer import RequestContext
 from debatebus.schemas import events as ev
 from debatebus.transports import Outgoing, dlq_topic
 
@@ -156,6 +156,6 @@ def test_missing_prometheus_client_says_how_to_install(monkeypatch: pytest.Monke
     import sys
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    monkeypatch.delitem(sys.modules, "debatebus.observability.metrics", raising=False)
+    monkeypatch.delitem(sys.modules, "debatebus.observability._metrics", raising=False)
     with pytest.raises(ImportError, match=r"pip install 'debatebus\[metrics\]'"):
-        importlib.import_module("debatebus.observability.metrics")
+        importlib.import_module("debatebus.observability._metrics")

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from debatebus.exceptions import ConfigError
-from debatebus.observability.metrics import (
+from debatebus.observability._metrics import (
     MetricsServer,
     PrometheusObserver,
     start_metrics_server,
@@ -177,9 +177,9 @@ def test_with_a_token_or_on_loopback_there_is_no_warning(registry: CollectorRegi
 
 def test_worker_cli_takes_a_metrics_token_and_allowed_hosts(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from debatebus._worker import DebateBus
     from debatebus.cli import build_parser
-    from debatebus.cli.bus_cmds import _observe
-    from debatebus.worker import DebateBus
+    from debatebus.cli._bus_cmds import _observe
 
     parser = build_parser()
     args = parser.parse_args(["worker", "m:app", "--metrics-port", "9108", "--metrics-token", TOKEN,

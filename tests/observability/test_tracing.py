@@ -17,8 +17,8 @@ from tests.observability.observed import DOOMED, TIMEOUT, app_on, new_event_type
 from tests.support.bus import running, transport_options
 
 from debatebus.client import BusClient
-from debatebus.observability.observer import RequestContext
-from debatebus.observability.tracing import TracingObserver, inject_traceparent
+from debatebus.observability._observer import RequestContext
+from debatebus.observability._tracing import TracingObserver, inject_traceparent
 from debatebus.schemas import events as ev
 from debatebus.schemas.envelope import Envelope
 
@@ -161,8 +161,8 @@ def test_a_no_op_without_opentelemetry() -> None:
         import sys
         sys.modules["opentelemetry"] = None  # as if it were not installed
         from debatebus.client import BusClient
-        from debatebus.observability.tracing import OTEL_AVAILABLE, TracingObserver, inject_traceparent
-        from debatebus.observability.observer import RequestContext
+        from debatebus.observability._tracing import OTEL_AVAILABLE, TracingObserver, inject_traceparent
+        from debatebus.observability._observer import RequestContext
         observer = TracingObserver()
         ctx = RequestContext("debate:request", "1-0", 1, headers={"traceparent": "x"})
         observer.request_started(ctx)

@@ -35,18 +35,19 @@ from tests.support.web import (
     wait_until,
 )
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._pricing import Price, Prices
+from debatebus._redaction import REDACTED
+from debatebus._worker import DebateBus
 from debatebus.cli import main
 from debatebus.client import BusClient
-from debatebus.pricing import Price, Prices
-from debatebus.redaction import REDACTED
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import completed_topic
+from debatebus.testing import FunctionLLM
 from debatebus.transports import Outgoing
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.web import app as web_app
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
+from debatebus.web import _app as web_app
 from debatebus.web import build_server, create_app
-from debatebus.web.store import DebateStore, Listener
-from debatebus.worker import DebateBus
+from debatebus.web._store import DebateStore, Listener
 
 # ---- the store ------------------------------------------------------------------------------------
 

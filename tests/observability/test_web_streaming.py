@@ -34,15 +34,16 @@ from tests.support.web import (
     wait_until,
 )
 
-from debatebus import FunctionLLM, LLMRequest
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
+from debatebus.llm import LLMRequest
 from debatebus.schemas import events as ev
+from debatebus.testing import FunctionLLM
 from debatebus.transports import Outgoing
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 from debatebus.web import create_app
-from debatebus.web.store import DebateStore
-from debatebus.worker import DebateBus
+from debatebus.web._store import DebateStore
 
 ROOT = Path(__file__).resolve().parents[2]
 

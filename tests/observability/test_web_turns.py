@@ -11,14 +11,16 @@ from typing import Any
 import httpx
 from tests.support.web import TIMEOUT, TOKEN, serving
 
-from debatebus import Debate, FunctionLLM, LLMRequest, Participant
+from debatebus import Debate, Participant
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
 from debatebus.engine import HumanParticipant
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import ENVELOPE_DECODER, completed_topic
 from debatebus.schemas.events import EVENT_DECODER, TurnRequested
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
+from debatebus.testing import FunctionLLM
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 from debatebus.web import create_app
-from debatebus.worker import DebateBus
 
 ANSWER_TOKEN = "answer-turns-token-0123456789"
 ANSWERING = {"Authorization": f"Bearer {ANSWER_TOKEN}"}

@@ -18,13 +18,13 @@ from tests.observability.observed import debatebus_check
 from tests.support.processes import start_worker
 from tests.support.servers import free_port
 
+from debatebus._worker import DebateBus
 from debatebus.cli import build_parser
-from debatebus.cli.bus_cmds import _observe
+from debatebus.cli._bus_cmds import _observe
 from debatebus.client import BusClient
-from debatebus.observability.heartbeat import latest_heartbeat
-from debatebus.observability.logs import LoggingObserver
-from debatebus.observability.tracing import TracingObserver
-from debatebus.worker import DebateBus
+from debatebus.observability._heartbeat import latest_heartbeat
+from debatebus.observability._logs import LoggingObserver
+from debatebus.observability._tracing import TracingObserver
 
 WAIT = 60.0
 

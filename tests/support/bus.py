@@ -9,10 +9,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
+from debatebus._worker import DebateBus
 from debatebus.client import BusClient
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.worker import DebateBus
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 
 def instant_llm() -> FunctionLLM:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 
 def counting_llm() -> FunctionLLM:

@@ -16,7 +16,7 @@ import redis
 
 from debatebus.client import request_message
 from debatebus.schemas.envelope import completed_topic, failed_topic
-from debatebus.transports.base import dlq_topic
+from debatebus.transports._base import dlq_topic
 from tests.support.processes import WorkerProcess
 from tests.support.servers import RedisServer
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from debatebus import Debate, FunctionLLM, Judge, LLMRequest, Participant
+from debatebus import Debate, Judge, Participant
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
 
 
 def llm(calls: list[str], *, wait: bool) -> FunctionLLM:

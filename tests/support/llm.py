@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 
-from debatebus.llm.ratelimit import RateLimiter
+from debatebus.llm._ratelimit import RateLimiter
 
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
 NO_LLAMA = "llama-cpp-python is not installed (scripts/install-local-model.sh installs it)"

@@ -62,11 +62,11 @@ class WorkerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def problems(self, lines: int = 8) -> str:
-        """The worker's last WARNING/ERROR lines and its own state changes (``debatebus.worker``,
+        """The worker's last WARNING/ERROR lines and its own state changes (``debatebus._worker``,
         e.g. reconnected): the likely cause of a failed count."""
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         bad = [line[:400] for line in text.splitlines()
-               if " WARNING " in line or " ERROR " in line or " debatebus.worker:" in line]
+               if " WARNING " in line or " ERROR " in line or " debatebus._worker:" in line]
         return "\n".join(bad[-lines:]) or "(no warnings or errors logged)"
 
     def assert_alive(self, when: str) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from debatebus import Debate, FunctionLLM, LLMRequest, Participant
-from debatebus.engine.subdebates import SubDebates
+from debatebus import Debate, Participant
+from debatebus.engine._subdebates import SubDebates
+from debatebus.llm import LLMRequest
 from debatebus.schemas.envelope import Envelope
+from debatebus.testing import FunctionLLM
 
 QUESTION = "Ship the login redesign this week?"
 ASK = "I need a security view.\nREQUEST_SUB_DEBATE: security"

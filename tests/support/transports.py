@@ -11,7 +11,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from debatebus.transports.base import Delivery, Outgoing, Transport
+from debatebus.transports._base import Delivery, Outgoing, Transport
 from debatebus.transports.kafka import kafka_topic
 from tests.support.servers import TansuServer
 

@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 import uvicorn
 
+from debatebus._usage import TokenUsage
 from debatebus.schemas import events as ev
-from debatebus.usage import TokenUsage
 from tests.support.servers import free_port
 
 TIMEOUT = 60.0

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.contract import HandlerResult
+from debatebus.handlers._contract import HandlerResult
 from debatebus.schemas.envelope import Envelope
-from debatebus.transports.dialect import DEBATEBUS_WIRE
-from debatebus.transports.synkro import (
+from debatebus.transports._dialect import DEBATEBUS_WIRE
+from debatebus.transports._synkro import (
     SYNKRO_DEFAULTS,
     SynkroDialect,
     SynkroSettings,

@@ -22,8 +22,10 @@ import pytest
 from redis.asyncio import Redis
 from tests.support.bus import make_debate, running
 
-from debatebus import FunctionLLM, LLMRequest
-from debatebus.transports.synkro import (
+from debatebus._worker import DebateBus
+from debatebus.llm import LLMRequest
+from debatebus.testing import FunctionLLM
+from debatebus.transports._synkro import (
     SynkroSettings,
     dedupe_key,
     dlq_key,
@@ -31,7 +33,6 @@ from debatebus.transports.synkro import (
     metrics_key,
     step_channel,
 )
-from debatebus.worker import DebateBus
 
 TIMEOUT = 30.0
 SYNKRO_REQUEST_ID = re.compile(r'"requestId":"([^"]+)"')

@@ -11,11 +11,11 @@ import pytest
 from tests.support.servers import TansuServer
 from tests.support.transports import GROUP_OPTIONS, Kind, with_protocol
 
-from debatebus.transports.base import Transport
+from debatebus.transports._base import Transport
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
+from debatebus.transports._redis_pubsub import RedisPubSubTransport
+from debatebus.transports._redis_streams import RedisStreamsTransport
 from debatebus.transports.kafka import KafkaTransport
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
-from debatebus.transports.redis_pubsub import RedisPubSubTransport
-from debatebus.transports.redis_streams import RedisStreamsTransport
 
 #: The Redis transports twice: over RESP2 and RESP3 (``?protocol=3``), whose replies redis-py
 #: shapes differently (XREAD/XREADGROUP: a list of pairs, or a dict).

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from debatebus import DebateBus
-from debatebus.cli.ops_cmds import replay_range
+from debatebus.cli._ops_cmds import replay_range
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError, NotSupportedError
-from debatebus.observability.heartbeat import beat_forever, send_last_beat
+from debatebus.observability._heartbeat import beat_forever, send_last_beat
 from debatebus.transports import DEFAULT_BROKER, MemoryTransport, broker_url
-from debatebus.transports.redis_pubsub import RedisPubSubTransport
+from debatebus.transports._redis_pubsub import RedisPubSubTransport
 
 
 async def test_replay_on_a_transport_without_history_says_so() -> None:

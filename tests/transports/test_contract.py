@@ -8,7 +8,7 @@ import pytest
 from tests.support.transports import TIMEOUT, Kind, Reader
 
 from debatebus.exceptions import TransportError
-from debatebus.transports.base import Outgoing, Transport, dlq_topic
+from debatebus.transports._base import Outgoing, Transport, dlq_topic
 
 
 async def test_publish_consume_keeps_body_key_and_headers(kind: Kind, transport: Transport,

@@ -35,7 +35,7 @@ from tests.support.transports import WAIT, Reader, committed
 import debatebus
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.transports import transport_from_url
-from debatebus.transports.base import (
+from debatebus.transports._base import (
     DELIVERIES_HEADER,
     ORIGIN_OFFSET_HEADER,
     ORIGIN_PARTITION_HEADER,
@@ -45,8 +45,8 @@ from debatebus.transports.base import (
     dlq_topic,
 )
 from debatebus.transports.kafka import SCHEMA_HEADER, KafkaTransport, kafka_topic
-from debatebus.transports.kafka.offsets import Partition
-from debatebus.transports.kafka.readers import time_starts
+from debatebus.transports.kafka._offsets import Partition
+from debatebus.transports.kafka._readers import time_starts
 
 pytestmark = pytest.mark.kafka
 
@@ -538,7 +538,7 @@ async def test_a_worker_waiting_for_its_broker_logs_one_warning_and_one_aiokafka
         app.stop()
         await asyncio.wait_for(worker, WAIT)
         await app.close()
-    worker_lines = [r for r in caplog.records if r.name == "debatebus.worker"
+    worker_lines = [r for r in caplog.records if r.name == "debatebus._worker"
                     and r.levelno >= logging.WARNING]
     assert len(worker_lines) == 1 and "cannot connect at start-up" in worker_lines[0].getMessage()
     assert len(aiokafka_lines(caplog)) == 1

@@ -17,9 +17,9 @@ from tests.support.servers import TansuServer
 from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 
 from debatebus.exceptions import MessageTooLargeError, TransportError
-from debatebus.transports.base import DELIVERIES_HEADER, Delivery, Outgoing, dlq_topic
+from debatebus.transports._base import DELIVERIES_HEADER, Delivery, Outgoing, dlq_topic
 from debatebus.transports.kafka import KafkaTransport
-from debatebus.transports.kafka.errors import producing
+from debatebus.transports.kafka._errors import producing
 
 pytestmark = pytest.mark.kafka
 

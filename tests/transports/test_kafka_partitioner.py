@@ -11,8 +11,8 @@ from aiokafka.partitioner import murmur2 as aiokafka_murmur2
 from tests.support.servers import TansuServer
 
 from debatebus.transports import transport_from_url
-from debatebus.transports.base import Outgoing
-from debatebus.transports.kafka.partitioner import murmur2, partition
+from debatebus.transports._base import Outgoing
+from debatebus.transports.kafka._partitioner import murmur2, partition
 
 #: ``UtilsTest.testMurmur2`` of the Java client: key → murmur2 as a signed 32-bit int.
 JAVA_VECTORS = {

@@ -31,7 +31,7 @@ from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 from debatebus.client import BusClient
 from debatebus.exceptions import ConfigError
 from debatebus.transports import transport_from_url
-from debatebus.transports.base import Outgoing
+from debatebus.transports._base import Outgoing
 from debatebus.transports.kafka import KafkaTransport, kafka_topic
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]

@@ -10,7 +10,7 @@ from aiokafka import TopicPartition
 from tests.support.loop import LoopTurns
 
 from debatebus.transports.kafka import KafkaTransport
-from debatebus.transports.kafka.group import HANDOUT_BURST, Member
+from debatebus.transports.kafka._group import HANDOUT_BURST, Member
 
 
 async def _no_recheck(names: Any) -> None:

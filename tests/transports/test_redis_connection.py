@@ -19,9 +19,9 @@ from redis.asyncio import Redis
 from redis.exceptions import AuthorizationError, NoScriptError
 from tests.support.servers import RedisServer
 
+from debatebus._redis import Command, CommandBatcher, build_client, map_redis_errors
 from debatebus.checkpoints import CheckpointStore, store_from_url
 from debatebus.exceptions import ConfigError, TransportError
-from debatebus.redis import Command, CommandBatcher, build_client, map_redis_errors
 from debatebus.transports import Transport, transport_from_url
 
 PUSH = b">3\r\n$10\r\ninvalidate\r\n*1\r\n$2\r\nk3\r\n$-1\r\n"  # a RESP3 push frame

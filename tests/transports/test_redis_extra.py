@@ -25,13 +25,13 @@ from redis.exceptions import MaxConnectionsError, RedisError
 from tests.support.servers import RedisServer, free_port
 from tests.support.transports import Reader
 
+from debatebus._redis import transport_error
 from debatebus.exceptions import TransportError
-from debatebus.redis import transport_error
 from debatebus.transports import transport_from_url
-from debatebus.transports.base import Delivery, Outgoing, dlq_topic
-from debatebus.transports.redis_groups import seat_of
-from debatebus.transports.redis_pubsub import RedisPubSubTransport
-from debatebus.transports.redis_streams import RedisStreamsTransport
+from debatebus.transports._base import Delivery, Outgoing, dlq_topic
+from debatebus.transports._redis_groups import seat_of
+from debatebus.transports._redis_pubsub import RedisPubSubTransport
+from debatebus.transports._redis_streams import RedisStreamsTransport
 
 pytestmark = [
     pytest.mark.redis,
@@ -478,7 +478,7 @@ async def test_read_range_pages_through_a_stream(streams: RedisStreamsTransport,
 def test_our_command_packer_writes_what_redis_py_writes() -> None:
     from redis.asyncio.connection import Connection
 
-    from debatebus.redis._connection import pack_commands
+    from debatebus._redis._connection import pack_commands
 
     commands = [("MULTI",), ("XADD", "debate:é", "MAXLEN", "~", 1000, "*", b"envelope", b"\x00\xff"),
                 ("XACK", "debate:é", "workers", "1-0", "2-0"), ("EXEC",)]

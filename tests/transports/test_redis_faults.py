@@ -25,9 +25,9 @@ from tests.support.servers import RedisServer
 from tests.support.transports import Reader, with_protocol
 
 from debatebus.exceptions import TransportError
-from debatebus.transports.base import RECOVERED_HEADER, Delivery, Outgoing
-from debatebus.transports.redis_pubsub import RedisPubSubTransport
-from debatebus.transports.redis_streams import RedisStreamsTransport
+from debatebus.transports._base import RECOVERED_HEADER, Delivery, Outgoing
+from debatebus.transports._redis_pubsub import RedisPubSubTransport
+from debatebus.transports._redis_streams import RedisStreamsTransport
 
 pytestmark = pytest.mark.redis
 

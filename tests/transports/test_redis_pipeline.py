@@ -14,8 +14,8 @@ import pytest
 from redis.asyncio import Redis
 from tests.support.servers import RedisServer, free_port, wait_for_port
 
+from debatebus._redis import CommandBatcher, NotSentError, build_client
 from debatebus.exceptions import TransportError
-from debatebus.redis import CommandBatcher, NotSentError, build_client
 
 pytestmark = pytest.mark.redis
 

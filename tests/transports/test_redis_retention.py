@@ -22,15 +22,15 @@ from redis.asyncio import Redis
 from tests.support.servers import RedisServer
 from tests.support.transports import Reader
 
+from debatebus._worker import DebateBus
 from debatebus.checkpoints import store_for_broker
 from debatebus.exceptions import ConfigError
-from debatebus.observability.heartbeat import latest_heartbeat
-from debatebus.observability.observer import Observer, RequestContext, Settlement
+from debatebus.observability._heartbeat import latest_heartbeat
+from debatebus.observability._observer import Observer, RequestContext, Settlement
 from debatebus.transports import Delivery, transport_from_url
-from debatebus.transports.base import Outgoing, dlq_topic
-from debatebus.transports.redis_pubsub import RedisPubSubTransport
-from debatebus.transports.redis_streams import RedisStreamsTransport
-from debatebus.worker import DebateBus
+from debatebus.transports._base import Outgoing, dlq_topic
+from debatebus.transports._redis_pubsub import RedisPubSubTransport
+from debatebus.transports._redis_streams import RedisStreamsTransport
 
 pytestmark = pytest.mark.redis
 

@@ -2,8 +2,8 @@
 module:app`` from a shell. It documents the app's own routes, with message schemas taken from the
 wire structs (``debatebus.schemas``)."""
 
-from debatebus.asyncapi.document import ASYNCAPI_VERSION, build_asyncapi
-from debatebus.asyncapi.payloads import (
+from debatebus.asyncapi._document import ASYNCAPI_VERSION, build_asyncapi
+from debatebus.asyncapi._payloads import (
     DeadLetterHeaders,
     RedisDeadLetterEntry,
     RequestPayload,

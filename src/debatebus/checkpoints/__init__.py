@@ -10,22 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from debatebus.checkpoints.base import (
-    DEFAULT_RETENTION_S,
-    CheckpointStore,
-    Counters,
-    Lease,
-    StoredCheckpoint,
-)
-from debatebus.checkpoints.memory import MemoryCheckpointStore
-from debatebus.checkpoints.sqlite import SQLiteCheckpointStore
+from debatebus._redaction import redact
+from debatebus._retention import DEFAULT_RETENTION_S, take_retention
+from debatebus.checkpoints._base import CheckpointStore, Counters, Lease, StoredCheckpoint
+from debatebus.checkpoints._memory import MemoryCheckpointStore
+from debatebus.checkpoints._sqlite import SQLiteCheckpointStore
 from debatebus.exceptions import ConfigError
-from debatebus.redaction import redact
-from debatebus.retention import take_retention
 from debatebus.transports import redis_server_url
 
 if TYPE_CHECKING:
-    from debatebus.checkpoints.redis import RedisCheckpointStore
+    from debatebus.checkpoints._redis import RedisCheckpointStore
 
 __all__ = [
     "DEFAULT_RETENTION_S",
@@ -48,7 +42,7 @@ _SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
 def __getattr__(name: str) -> Any:
     if name == "RedisCheckpointStore":
-        from debatebus.checkpoints.redis import RedisCheckpointStore
+        from debatebus.checkpoints._redis import RedisCheckpointStore
 
         return RedisCheckpointStore
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -68,7 +62,7 @@ def store_from_url(url: str, **options: Any) -> CheckpointStore:
     if scheme == "sqlite":
         return SQLiteCheckpointStore(_sqlite_path(url), **options)
     if scheme in ("redis", "rediss"):
-        from debatebus.checkpoints.redis import RedisCheckpointStore
+        from debatebus.checkpoints._redis import RedisCheckpointStore
 
         return RedisCheckpointStore(url, **options)
     if "://" not in url and Path(url).suffix.lower() in _SQLITE_SUFFIXES:
@@ -85,7 +79,7 @@ def store_for_broker(url: str) -> CheckpointStore | None:
         return MemoryCheckpointStore()
     server = redis_server_url(url)
     if server is not None:
-        from debatebus.checkpoints.redis import RedisCheckpointStore
+        from debatebus.checkpoints._redis import RedisCheckpointStore
 
         return RedisCheckpointStore(server)
     if scheme == "kafka":

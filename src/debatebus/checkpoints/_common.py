@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from debatebus.checkpoints.base import Counters
+from debatebus.checkpoints._base import Counters
 from debatebus.exceptions import CheckpointMissingError, ConfigError
-
-__all__ = ["COUNTERS_SIZE", "PURGE_EVERY_S", "Sweeps", "lease_ttl_ms", "marker_ms", "not_begun"]
 
 # Counters are four integers; the stores that report logical sizes count them as four int64s.
 COUNTERS_SIZE = 8 * len(fields(Counters))

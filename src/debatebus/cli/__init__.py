@@ -10,20 +10,26 @@ from collections.abc import Callable, Coroutine, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
+from debatebus._redaction import redact
+from debatebus.cli._ops_cmds import list_failures, parse_since, replay_range
 from debatebus.exceptions import DebatebusError
-from debatebus.redaction import redact
 
-__all__ = ["main"]
+__all__ = [
+    "list_failures",
+    "main",
+    "parse_since",
+    "replay_range",
+]
 
 # Each module contributes ``add_parser(subparsers)``; its parsers set ``func`` (async, -> exit code).
 _COMMAND_MODULES = (
-    "debatebus.cli.bus_cmds",
-    "debatebus.cli.run_cmd",
-    "debatebus.cli.ops_cmds",
-    "debatebus.cli.fork_cmd",
-    "debatebus.cli.observe_cmds",
-    "debatebus.cli.web_cmds",
-    "debatebus.cli.eval_cmd",
+    "debatebus.cli._bus_cmds",
+    "debatebus.cli._run_cmd",
+    "debatebus.cli._ops_cmds",
+    "debatebus.cli._fork_cmd",
+    "debatebus.cli._observe_cmds",
+    "debatebus.cli._web_cmds",
+    "debatebus.cli._eval_cmd",
 )
 
 

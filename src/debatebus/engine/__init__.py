@@ -1,7 +1,7 @@
 """The pure debate engine: definitions, protocols, transcript, judge and Φ̂. No I/O here."""
 
-from debatebus.engine.debate import Debate
-from debatebus.engine.definition import (
+from debatebus.engine._debate import Debate, DebateMetrics
+from debatebus.engine._definition import (
     Budget,
     HumanParticipant,
     Judge,
@@ -9,16 +9,19 @@ from debatebus.engine.definition import (
     Utility,
     Verdict,
 )
-from debatebus.engine.phi import compute_phi_hat, interpret_phi_hat, tokenize
-from debatebus.engine.prompts import PROTOCOL_VERSION, Prompts
-from debatebus.engine.result import DebateResult, DebateState, Progress, StopReason
-from debatebus.engine.templates import PromptContext
-from debatebus.engine.transcript import Round, Transcript, Turn
+from debatebus.engine._phi import compute_phi_hat, interpret_phi_hat, tokenize
+from debatebus.engine._prompts import PROTOCOL_VERSION, Prompts
+from debatebus.engine._result import DebateResult, DebateState, Progress, StopReason
+from debatebus.engine._run import TurnKey
+from debatebus.engine._subdebates import SubDebates
+from debatebus.engine._templates import PromptContext
+from debatebus.engine._transcript import Round, Transcript, Turn
 
 __all__ = [
     "PROTOCOL_VERSION",
     "Budget",
     "Debate",
+    "DebateMetrics",
     "DebateResult",
     "DebateState",
     "HumanParticipant",
@@ -29,8 +32,10 @@ __all__ = [
     "Prompts",
     "Round",
     "StopReason",
+    "SubDebates",
     "Transcript",
     "Turn",
+    "TurnKey",
     "Utility",
     "Verdict",
     "compute_phi_hat",

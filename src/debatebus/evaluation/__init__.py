@@ -3,7 +3,7 @@ equal compute, debates, a fleet) and reports each arm's accuracy with its interv
 against the baselines, and what it spent. ``debatebus eval`` is its command line; see
 docs/evaluation.md."""
 
-from debatebus.evaluation.arms import (
+from debatebus.evaluation._arms import (
     Answer,
     Arm,
     Ask,
@@ -14,9 +14,10 @@ from debatebus.evaluation.arms import (
     Vote,
     majority,
     read_result,
+    solver_debate,
 )
-from debatebus.evaluation.datasets import Dataset, Item, arithmetic, gsm8k, jsonl
-from debatebus.evaluation.graders import (
+from debatebus.evaluation._datasets import Dataset, Item, arithmetic, gsm8k, jsonl
+from debatebus.evaluation._graders import (
     ExactGrader,
     Grader,
     JudgeGrader,
@@ -24,9 +25,9 @@ from debatebus.evaluation.graders import (
     RegexGrader,
     extract_number,
 )
-from debatebus.evaluation.report import ArmSummary, ItemResult, Paired, Report
-from debatebus.evaluation.runner import Evaluation, Progress
-from debatebus.evaluation.statistics import Interval, mcnemar_exact, wilson_interval
+from debatebus.evaluation._report import ArmSummary, ItemResult, Paired, Report
+from debatebus.evaluation._runner import Evaluation, Progress
+from debatebus.evaluation._statistics import Interval, mcnemar_exact, wilson_interval
 
 __all__ = [
     "Answer",
@@ -58,5 +59,6 @@ __all__ = [
     "majority",
     "mcnemar_exact",
     "read_result",
+    "solver_debate",
     "wilson_interval",
 ]

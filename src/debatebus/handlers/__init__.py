@@ -1,13 +1,14 @@
 """Debates as bus handlers: the handler contract (``contract``), ``DebateHandler`` (made by
 ``Debate.as_handler``) and what a bus calls to make it durable by default."""
 
-from debatebus.handlers.contract import (
+from debatebus.handlers._contract import (
     BusHandler,
     Handler,
     HandlerContext,
     PlainHandler,
 )
-from debatebus.handlers.handler import (
+from debatebus.handlers._forks import changed, fork
+from debatebus.handlers._handler import (
     DebateHandler,
     HandlerOptions,
     attach_default_stores,
@@ -24,5 +25,7 @@ __all__ = [
     "HandlerResult",
     "PlainHandler",
     "attach_default_stores",
+    "changed",
+    "fork",
     "no_default_store_warning",
 ]

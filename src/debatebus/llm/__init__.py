@@ -14,27 +14,30 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from debatebus._pricing import DEFAULT_PRICES, Price, Prices
+from debatebus._usage import TokenUsage
 from debatebus.exceptions import ModelRequestsNotAllowedError
-from debatebus.llm.base import LLM, LLMRequest, LLMResponse, LLMStream, Message, model_name
-from debatebus.llm.fakes import FunctionLLM, ScriptedLLM
-from debatebus.llm.rate_limits import with_rate_limits
-from debatebus.llm.ratelimit import (
+from debatebus.llm._base import LLM, LLMRequest, LLMResponse, LLMStream, Message, model_name
+from debatebus.llm._fakes import FunctionLLM, ScriptedLLM
+from debatebus.llm._rate_limits import with_rate_limits
+from debatebus.llm._ratelimit import (
     MemoryRateLimiter,
     RateLimit,
     RateLimitedLLM,
     RateLimiter,
 )
-from debatebus.llm.spend import MemorySpendLimiter, SpendLimit, SpendLimitedLLM, SpendLimiter
+from debatebus.llm._spend import MemorySpendLimiter, SpendLimit, SpendLimitedLLM, SpendLimiter
 
 if TYPE_CHECKING:
-    from debatebus.llm.anthropic_llm import AnthropicLLM
-    from debatebus.llm.local import LocalLLM
-    from debatebus.llm.openai_compat import OpenAICompatibleLLM
-    from debatebus.llm.ratelimit_redis import RedisRateLimiter, RedisSpendLimiter
-    from debatebus.llm.registry import resolve_llm
+    from debatebus.llm._anthropic_llm import AnthropicLLM
+    from debatebus.llm._local import LocalLLM
+    from debatebus.llm._openai_compat import OpenAICompatibleLLM
+    from debatebus.llm._ratelimit_redis import RedisRateLimiter, RedisSpendLimiter
+    from debatebus.llm._registry import resolve_llm
 
 __all__ = [
     "ALLOW_MODEL_REQUESTS",
+    "DEFAULT_PRICES",
     "LLM",
     "PAID_HOST_SUFFIXES",
     "AnthropicLLM",
@@ -47,6 +50,8 @@ __all__ = [
     "MemorySpendLimiter",
     "Message",
     "OpenAICompatibleLLM",
+    "Price",
+    "Prices",
     "RateLimit",
     "RateLimitedLLM",
     "RateLimiter",
@@ -56,6 +61,7 @@ __all__ = [
     "SpendLimit",
     "SpendLimitedLLM",
     "SpendLimiter",
+    "TokenUsage",
     "check_model_requests_allowed",
     "is_loopback_url",
     "is_paid_url",
@@ -128,12 +134,12 @@ def override_allow_model_requests(allow: bool) -> Iterator[None]:
 
 
 _LAZY = {
-    "OpenAICompatibleLLM": "debatebus.llm.openai_compat",
-    "AnthropicLLM": "debatebus.llm.anthropic_llm",
-    "LocalLLM": "debatebus.llm.local",
-    "RedisRateLimiter": "debatebus.llm.ratelimit_redis",
-    "RedisSpendLimiter": "debatebus.llm.ratelimit_redis",
-    "resolve_llm": "debatebus.llm.registry",
+    "OpenAICompatibleLLM": "debatebus.llm._openai_compat",
+    "AnthropicLLM": "debatebus.llm._anthropic_llm",
+    "LocalLLM": "debatebus.llm._local",
+    "RedisRateLimiter": "debatebus.llm._ratelimit_redis",
+    "RedisSpendLimiter": "debatebus.llm._ratelimit_redis",
+    "resolve_llm": "debatebus.llm._registry",
 }
 
 

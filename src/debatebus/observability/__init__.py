@@ -11,17 +11,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from debatebus.observability.observer import Observer, RequestContext, Settlement
+from debatebus.observability._observer import Observer, RequestContext, Settlement
 
 if TYPE_CHECKING:
-    from debatebus.observability.heartbeat import (
-        HEARTBEAT_TOPIC,
-        beat_forever,
-        latest_heartbeat,
-    )
-    from debatebus.observability.logs import LoggingObserver, configure_logging, redact
-    from debatebus.observability.metrics import PrometheusObserver, start_metrics_server
-    from debatebus.observability.tracing import TracingObserver, inject_traceparent
+    from debatebus._redaction import redact
+    from debatebus.observability._heartbeat import beat_forever, latest_heartbeat
+    from debatebus.observability._logs import LoggingObserver, configure_logging
+    from debatebus.observability._metrics import PrometheusObserver, start_metrics_server
+    from debatebus.observability._tracing import TracingObserver, inject_traceparent
+    from debatebus.transports._base import HEARTBEAT_TOPIC
 
 __all__ = [
     "HEARTBEAT_TOPIC",
@@ -40,16 +38,16 @@ __all__ = [
 ]
 
 _HOMES = {
-    "HEARTBEAT_TOPIC": "heartbeat",
-    "beat_forever": "heartbeat",
-    "latest_heartbeat": "heartbeat",
-    "LoggingObserver": "logs",
-    "configure_logging": "logs",
-    "redact": "logs",
-    "PrometheusObserver": "metrics",
-    "start_metrics_server": "metrics",
-    "TracingObserver": "tracing",
-    "inject_traceparent": "tracing",
+    "HEARTBEAT_TOPIC": "_heartbeat",
+    "beat_forever": "_heartbeat",
+    "latest_heartbeat": "_heartbeat",
+    "LoggingObserver": "_logs",
+    "configure_logging": "_logs",
+    "redact": "_logs",
+    "PrometheusObserver": "_metrics",
+    "start_metrics_server": "_metrics",
+    "TracingObserver": "_tracing",
+    "inject_traceparent": "_tracing",
 }
 
 

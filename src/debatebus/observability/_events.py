@@ -6,8 +6,6 @@ from typing import Final
 
 from debatebus.schemas import events as ev
 
-__all__ = ["CALL_PURPOSES", "UNKNOWN_MODEL", "CallEvent", "call_round", "model_of"]
-
 CallEvent = (ev.FramingCompleted | ev.TurnCompleted | ev.TurnFailed | ev.VerdictReached
              | ev.SynthesisCompleted)
 

@@ -10,7 +10,7 @@ __all__ = ["DebateCost"]
 class DebateCost(msgspec.Struct, frozen=True, rename="camel"):
     """What a debate cost: ``total`` = its own calls (by speaker in ``participants``) plus its
     sub-debates' (``children``, their own children included), in ``currency``, at prices dated
-    ``prices_as_of``. Built by ``debatebus.pricing.Prices.debate_cost``."""
+    ``prices_as_of``. Built by ``debatebus._pricing.Prices.debate_cost``."""
 
     currency: str
     total: float

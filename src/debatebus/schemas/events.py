@@ -19,8 +19,8 @@ from typing import Any
 
 import msgspec
 
+from debatebus._usage import ZERO_USAGE, TokenUsage
 from debatebus.schemas.cost import DebateCost
-from debatebus.usage import ZERO_USAGE, TokenUsage
 
 __all__ = [
     "BUS_EVENT_DECODER",

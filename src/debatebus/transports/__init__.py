@@ -9,10 +9,10 @@ import os
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from debatebus._redaction import redact
 from debatebus.exceptions import ConfigError
-from debatebus.redaction import redact
-from debatebus.transports.base import Delivery, Outgoing, Transport, dlq_topic
-from debatebus.transports.memory import MemoryBroker, MemoryTransport
+from debatebus.transports._base import Delivery, Outgoing, Transport, dlq_topic
+from debatebus.transports._memory import MemoryBroker, MemoryTransport
 
 __all__ = [
     "DEFAULT_BROKER",
@@ -81,16 +81,16 @@ def transport_from_url(url: str, **options: Any) -> Transport:
         return MemoryTransport(options.pop("broker", None))
     server = redis_server_url(url)
     if server is not None and scheme in _REDIS_SCHEMES:
-        from debatebus.transports.redis_streams import RedisStreamsTransport
+        from debatebus.transports._redis_streams import RedisStreamsTransport
 
         return RedisStreamsTransport(server, **options)
     if server is not None:
-        from debatebus.transports.redis_pubsub import RedisPubSubTransport
+        from debatebus.transports._redis_pubsub import RedisPubSubTransport
 
         return RedisPubSubTransport(server, **options)
     if scheme == "kafka":
         from debatebus.transports.kafka import KafkaTransport
-        from debatebus.transports.kafka.settings import url_options
+        from debatebus.transports.kafka._settings import url_options
 
         servers, from_url = url_options(url)
         return KafkaTransport(servers, **{**from_url, **options})

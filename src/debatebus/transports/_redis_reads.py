@@ -1,4 +1,4 @@
-"""What the Redis transports (Streams and pub/sub) share beyond ``debatebus.redis``: their logger,
+"""What the Redis transports (Streams and pub/sub) share beyond ``debatebus._redis``: their logger,
 and their blocking reads: counted (``ReadTracker``, so ``close`` lets them return first) and run
 side by side (``SlotReads``: one per hash slot of a cluster; ``merge``: several iterators)."""
 
@@ -10,9 +10,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-from debatebus.transports.base import Delivery
-
-__all__ = ["ReadTracker", "SlotReads", "log", "merge"]
+from debatebus.transports._base import Delivery
 
 T = TypeVar("T")
 

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from debatebus.exceptions import ConfigError
-from debatebus.handlers.contract import Handler, adapt
-from debatebus.handlers.handler import DebateHandler, no_default_store_warning
+from debatebus.handlers._contract import Handler, adapt
+from debatebus.handlers._handler import DebateHandler, no_default_store_warning
 
 if TYPE_CHECKING:
     from faststream.kafka import KafkaBroker
@@ -54,7 +54,7 @@ def mount(broker: RedisBroker | KafkaBroker, source: str | StreamSub[Any], handl
     handle, options = adapt(handler), dict(subscriber_options or {})
     redis = sys.modules.get("faststream.redis")
     if redis is not None and isinstance(broker, redis.RedisBroker):
-        from debatebus.integrations.faststream.redis_host import mount_redis
+        from debatebus.integrations.faststream._redis_host import mount_redis
 
         mount_redis(broker, source, handle, stream_field, options)
         return
@@ -62,7 +62,7 @@ def mount(broker: RedisBroker | KafkaBroker, source: str | StreamSub[Any], handl
     if kafka is not None and isinstance(broker, kafka.KafkaBroker):
         if not isinstance(source, str):
             raise ConfigError(f"a KafkaBroker takes an event type, not {source!r}")
-        from debatebus.integrations.faststream.kafka_host import mount_kafka
+        from debatebus.integrations.faststream._kafka_host import mount_kafka
 
         mount_kafka(broker, source, handle, group, options)
         return

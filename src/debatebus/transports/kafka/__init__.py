@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from debatebus.transports.kafka.names import (
+from debatebus.transports.kafka._names import (
     CONTENT_TYPE_HEADER,
     SCHEMA_HEADER,
     kafka_topic,
 )
-from debatebus.transports.kafka.settings import KafkaSettings
+from debatebus.transports.kafka._settings import KafkaSettings
 
 if TYPE_CHECKING:
-    from debatebus.transports.kafka.transport import KafkaTransport
+    from debatebus.transports.kafka._transport import KafkaTransport
 
 __all__ = [
     "CONTENT_TYPE_HEADER",
@@ -33,7 +33,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """``KafkaTransport``, importing aiokafka on first use."""
     if name == "KafkaTransport":
-        from debatebus.transports.kafka.transport import KafkaTransport
+        from debatebus.transports.kafka._transport import KafkaTransport
 
         return KafkaTransport
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
