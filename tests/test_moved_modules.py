@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from debatebus.engine._presets import PRESETS
+from debatebus.engine import PRESETS
 from debatebus.observability import Observer, Settlement
 
 

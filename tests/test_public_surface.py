@@ -38,9 +38,10 @@ SURFACE: dict[str, list[str]] = {
     ],
     'debatebus.engine': [
         'Budget', 'Debate', 'DebateMetrics', 'DebateResult', 'DebateState', 'HumanParticipant',
-        'Judge', 'PROTOCOL_VERSION', 'Participant', 'Progress', 'PromptContext', 'Prompts',
-        'Round', 'StopReason', 'SubDebates', 'Transcript', 'Turn', 'TurnKey', 'Utility', 'Verdict',
-        'compute_phi_hat', 'interpret_phi_hat', 'tokenize',
+        'Judge', 'PRESETS', 'PROTOCOL_VERSION', 'Participant', 'Preset', 'Progress',
+        'PromptContext', 'Prompts', 'Round', 'StopReason', 'SubDebates', 'Transcript', 'Turn',
+        'TurnKey', 'TurnText', 'Utility', 'Verdict', 'compute_phi_hat', 'interpret_phi_hat',
+        'preset', 'tokenize',
     ],
     'debatebus.evaluation': [
         'Answer', 'Arm', 'ArmSummary', 'Ask', 'Dataset', 'DebateArm', 'Evaluation', 'ExactGrader',
@@ -57,9 +58,9 @@ SURFACE: dict[str, list[str]] = {
         'SpendLimitError', 'TransportError',
     ],
     'debatebus.handlers': [
-        'BusHandler', 'DebateHandler', 'Handler', 'HandlerContext', 'HandlerOptions',
-        'HandlerResult', 'PlainHandler', 'attach_default_stores', 'changed', 'fork',
-        'no_default_store_warning',
+        'BusChildren', 'BusHandler', 'DebateHandler', 'Handler', 'HandlerContext',
+        'HandlerOptions', 'HandlerResult', 'PlainHandler', 'attach_default_stores', 'changed',
+        'fork', 'no_default_store_warning', 'turn_reply',
     ],
     'debatebus.integrations': [
         'Flow', 'Outlet',
@@ -112,8 +113,9 @@ SURFACE: dict[str, list[str]] = {
         'DebateTestBus', 'FunctionLLM', 'ScriptedLLM',
     ],
     'debatebus.transports': [
-        'DEFAULT_BROKER', 'Delivery', 'MemoryBroker', 'MemoryTransport', 'Outgoing', 'Transport',
-        'broker_url', 'dlq_topic', 'redis_server_url', 'transport_from_url',
+        'DEFAULT_BROKER', 'Delivery', 'MemoryBroker', 'MemoryTransport', 'Outgoing',
+        'SynkroDialect', 'Transport', 'WireDialect', 'broker_url', 'dlq_topic', 'redis_server_url',
+        'step_channel', 'transport_from_url',
     ],
     'debatebus.transports.kafka': [
         'CONTENT_TYPE_HEADER', 'KafkaSettings', 'KafkaTransport', 'SCHEMA_HEADER', 'kafka_topic',

@@ -11,7 +11,7 @@ from debatebus.exceptions import TransportError
 from debatebus.transports import Transport
 
 #: The worker's logger: outages are the worker's news.
-log = logging.getLogger("debatebus._worker")
+log = logging.getLogger("debatebus.worker")
 
 
 class BrokerLink:

@@ -53,7 +53,7 @@ from debatebus.schemas.result import HandlerResult
 from debatebus.transports import Delivery, Outgoing, Transport, dlq_topic
 from debatebus.transports._dialect import DEBATEBUS_WIRE, WireDialect
 
-log = logging.getLogger("debatebus._worker")
+log = logging.getLogger("debatebus.worker")
 
 EVENT_ENCODER = msgspec.json.Encoder()
 _Settled = tuple[Settlement, HandlerResult | None]

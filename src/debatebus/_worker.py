@@ -54,7 +54,7 @@ from debatebus.transports import (
 )
 from debatebus.transports._synkro import step_channel
 
-log = logging.getLogger("debatebus._worker")
+log = logging.getLogger("debatebus.worker")
 
 DEFAULT_GROUP = "debatebus"
 #: The environment variable naming a worker's consumer when the app does not

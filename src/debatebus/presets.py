@@ -1,4 +1,4 @@
-"""Deprecated: the ready panels moved to ``debatebus.engine._presets`` (``Debate.from_preset``
+"""Deprecated: the ready panels moved to ``debatebus.engine`` (``Debate.from_preset``
 builds them). This alias warns, and goes in the next release."""
 
 from __future__ import annotations
@@ -10,4 +10,4 @@ from debatebus.engine._presets import PRESETS, Preset, preset
 __all__ = ["PRESETS", "Preset", "preset"]
 
 warnings.warn("debatebus.presets is deprecated: import PRESETS, Preset and preset from "
-              "debatebus.engine._presets", DeprecationWarning, stacklevel=2)
+              "debatebus.engine", DeprecationWarning, stacklevel=2)

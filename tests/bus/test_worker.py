@@ -326,7 +326,7 @@ async def test_worker_connects_its_handlers_store_at_startup_and_closes_it(
 async def test_worker_says_at_start_what_it_serves_where(caplog: pytest.LogCaptureFixture) -> None:
     app = DebateBus("memory://", group="g-start", heartbeat_interval_s=None)
     app.subscribe("debate:start-log", make_debate().as_handler())
-    with caplog.at_level("INFO", logger="debatebus._worker"):
+    with caplog.at_level("INFO", logger="debatebus.worker"):
         async with running(app):
             pass
     lines = [r.getMessage() for r in caplog.records

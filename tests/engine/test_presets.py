@@ -15,7 +15,7 @@ import pytest
 from debatebus import Debate, Participant
 from debatebus.checkpoints import MemoryCheckpointStore
 from debatebus.cli import _run_cmd as run_cmd
-from debatebus.engine._presets import PRESETS, preset
+from debatebus.engine import PRESETS, preset
 from debatebus.exceptions import ConfigError, InputError
 from debatebus.handlers._inputs import request_fingerprint
 from debatebus.llm import ScriptedLLM

@@ -538,7 +538,7 @@ async def test_a_worker_waiting_for_its_broker_logs_one_warning_and_one_aiokafka
         app.stop()
         await asyncio.wait_for(worker, WAIT)
         await app.close()
-    worker_lines = [r for r in caplog.records if r.name == "debatebus._worker"
+    worker_lines = [r for r in caplog.records if r.name == "debatebus.worker"
                     and r.levelno >= logging.WARNING]
     assert len(worker_lines) == 1 and "cannot connect at start-up" in worker_lines[0].getMessage()
     assert len(aiokafka_lines(caplog)) == 1

@@ -131,7 +131,7 @@ def _observe(app: DebateBus, args: argparse.Namespace) -> None:
         if not tracing.enabled:
             raise ConfigError("--otel needs OpenTelemetry: pip install 'debatebus[otel]'")
         if not provider_configured():
-            logging.getLogger("debatebus._worker").warning(
+            logging.getLogger("debatebus.worker").warning(
                 "--otel: no OpenTelemetry SDK is set up in this process, so spans are dropped; "
                 "run the worker under opentelemetry-instrument or set a tracer provider in %s",
                 args.app)

@@ -10,14 +10,16 @@ from debatebus.engine._definition import (
     Verdict,
 )
 from debatebus.engine._phi import compute_phi_hat, interpret_phi_hat, tokenize
+from debatebus.engine._presets import PRESETS, Preset, preset
 from debatebus.engine._prompts import PROTOCOL_VERSION, Prompts
 from debatebus.engine._result import DebateResult, DebateState, Progress, StopReason
-from debatebus.engine._run import TurnKey
+from debatebus.engine._run import TurnKey, TurnText
 from debatebus.engine._subdebates import SubDebates
 from debatebus.engine._templates import PromptContext
 from debatebus.engine._transcript import Round, Transcript, Turn
 
 __all__ = [
+    "PRESETS",
     "PROTOCOL_VERSION",
     "Budget",
     "Debate",
@@ -27,6 +29,7 @@ __all__ = [
     "HumanParticipant",
     "Judge",
     "Participant",
+    "Preset",
     "Progress",
     "PromptContext",
     "Prompts",
@@ -36,9 +39,11 @@ __all__ = [
     "Transcript",
     "Turn",
     "TurnKey",
+    "TurnText",
     "Utility",
     "Verdict",
     "compute_phi_hat",
     "interpret_phi_hat",
+    "preset",
     "tokenize",
 ]

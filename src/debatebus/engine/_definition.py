@@ -254,7 +254,7 @@ def _check_prices(spec: DebateSpec) -> None:
         return
     if spec.prices is None:
         raise ConfigError("Budget(max_cost=…) needs prices: pass prices=… to Debate (e.g. "
-                          "debatebus._pricing.DEFAULT_PRICES, or Prices.from_file('prices.toml'))")
+                          "debatebus.llm.DEFAULT_PRICES, or Prices.from_file('prices.toml'))")
     missing = spec.prices.missing(set(spec.models.values()))
     if missing:
         raise ConfigError(f"Budget(max_cost=…) needs a price for every model the debate calls; "

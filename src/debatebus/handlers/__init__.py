@@ -1,6 +1,7 @@
 """Debates as bus handlers: the handler contract (``contract``), ``DebateHandler`` (made by
 ``Debate.as_handler``) and what a bus calls to make it durable by default."""
 
+from debatebus.handlers._children import BusChildren
 from debatebus.handlers._contract import (
     BusHandler,
     Handler,
@@ -14,9 +15,11 @@ from debatebus.handlers._handler import (
     attach_default_stores,
     no_default_store_warning,
 )
+from debatebus.handlers._people import turn_reply
 from debatebus.schemas.result import HandlerResult
 
 __all__ = [
+    "BusChildren",
     "BusHandler",
     "DebateHandler",
     "Handler",
@@ -28,4 +31,5 @@ __all__ = [
     "changed",
     "fork",
     "no_default_store_warning",
+    "turn_reply",
 ]

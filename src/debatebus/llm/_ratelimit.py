@@ -31,7 +31,7 @@ from debatebus.exceptions import ConfigError, LLMError, TransportError
 from debatebus.llm._base import LLM, LLMRequest, LLMResponse, LLMStream, Piece, model_name
 from debatebus.llm._retry import reporting_rate_limits
 
-log = logging.getLogger("debatebus.llm._ratelimit")
+log = logging.getLogger("debatebus.llm.ratelimit")
 
 ENV_VAR = "DEBATEBUS_RATE_LIMITS"
 #: Longest sleep between two asks for budget: a waiting caller sees a refund or a release this soon.

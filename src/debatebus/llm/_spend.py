@@ -32,7 +32,7 @@ from debatebus.exceptions import ConfigError, LLMError, SpendLimitError, Transpo
 from debatebus.llm._base import LLM, LLMRequest, model_name
 from debatebus.llm._ratelimit import LimitedCall, LimitedLLM
 
-log = logging.getLogger("debatebus.llm._spend")
+log = logging.getLogger("debatebus.llm.spend")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from debatebus.schemas.events import DebateEvent
 from debatebus.schemas.result import HandlerResult
 
-log = logging.getLogger("debatebus._worker")
+log = logging.getLogger("debatebus.worker")
 
 #: How a request's delivery ended, as ``request_finished`` reports it.
 Settlement = Literal["completed", "failed", "replayed", "bad_input", "dead_lettered", "unsettled"]

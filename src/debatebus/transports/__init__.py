@@ -12,7 +12,9 @@ from urllib.parse import urlsplit
 from debatebus._redaction import redact
 from debatebus.exceptions import ConfigError
 from debatebus.transports._base import Delivery, Outgoing, Transport, dlq_topic
+from debatebus.transports._dialect import WireDialect
 from debatebus.transports._memory import MemoryBroker, MemoryTransport
+from debatebus.transports._synkro import SynkroDialect, step_channel
 
 __all__ = [
     "DEFAULT_BROKER",
@@ -20,10 +22,13 @@ __all__ = [
     "MemoryBroker",
     "MemoryTransport",
     "Outgoing",
+    "SynkroDialect",
     "Transport",
+    "WireDialect",
     "broker_url",
     "dlq_topic",
     "redis_server_url",
+    "step_channel",
     "transport_from_url",
 ]
 
