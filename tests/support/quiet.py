@@ -7,7 +7,7 @@ has finished, wait until the broker shows that nothing is left that could still 
   partition, so no request can be delivered again.
 - ``settled_group``: either of them, by the URL's scheme.
 - ``redis_results_read``: a collector has read every result on the event type's result streams.
-- ``results_read``: a ``Collector`` has read every result (Redis), or a short fetch grace (Kafka).
+- ``results_read``: a ``Collector`` has read every result on the broker (Redis or Kafka).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis import asyncio as redis_asyncio
 
 from debatebus.schemas.envelope import completed_topic, failed_topic
-from debatebus.transports.kafka._names import kafka_topic
+from debatebus.transports.kafka import kafka_topic
 from tests.support.processes import Collector
 
 WAIT_S = 60.0
@@ -119,12 +119,46 @@ async def redis_results_read(url: str, event_type: str, count: Callable[[], int]
         await probe.aclose()
 
 
-async def results_read(url: str, event_type: str, collector: Collector) -> None:
-    """After ``settled_group``: wait until ``collector`` has read every result the workers wrote.
-    On Redis the result streams' lengths say how many there are. On Kafka, whose record counts
-    Tansu's offsets do not give, a short grace covers the collector's fetch of records produced
-    before the offsets it waited for were committed."""
-    if url.startswith("kafka://"):
-        await asyncio.sleep(1.0)  # the collector's fetch lag, not the workers' progress
-    else:
-        await redis_results_read(url, event_type, lambda: len(collector.results))
+async def kafka_results(bootstrap: str, event_type: str) -> int:
+    """How many result records ``event_type``'s completed and failed topics hold now: read from
+    the beginning to the log end by a consumer outside any group (Tansu's offsets do not count
+    records one by one, so they are read, not subtracted)."""
+    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await reader.start()
+    try:
+        await reader.topics()  # loads the metadata
+        tps = [TopicPartition(name, p) for name in map(kafka_topic, (completed_topic(event_type),
+                                                                     failed_topic(event_type)))
+               for p in sorted(reader.partitions_for_topic(name) or ())]
+        if not tps:
+            return 0
+        reader.assign(tps)
+        await reader.seek_to_beginning(*tps)
+        ends = await reader.end_offsets(tps)
+        seen = 0
+        while [tp for tp in tps if await reader.position(tp) < ends[tp]]:
+            batches = await reader.getmany(*tps, timeout_ms=500)
+            seen += sum(len(records) for records in batches.values())
+        return seen
+    finally:
+        await reader.stop()
+
+
+async def results_read(url: str, event_type: str, collector: Collector,
+                       timeout: float = WAIT_S) -> None:
+    """After ``settled_group``: wait until ``collector`` has read every result the workers wrote
+    (the broker's count of them, on Redis the result streams' lengths, on Kafka the records
+    read back from the result topics)."""
+    if not url.startswith("kafka://"):
+        await redis_results_read(url, event_type, lambda: len(collector.results), timeout)
+        return
+    bootstrap = url.removeprefix("kafka://")
+    count = await kafka_results(bootstrap, event_type)  # no more are written once settled
+
+    async def read_all() -> bool:
+        return len(collector.results) >= count
+
+    async def what() -> str:
+        return f"the collector to read all {count} results (it has {len(collector.results)})"
+
+    await _until(read_all, what, timeout)

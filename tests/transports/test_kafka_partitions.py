@@ -25,6 +25,7 @@ from tests.support.processes import (
     env_for,
     read_calls,
 )
+from tests.support.quiet import results_read, settled_kafka_group
 from tests.support.servers import RedisServer, TansuServer
 from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 
@@ -191,19 +192,11 @@ async def test_rebalance_during_load_loses_nothing_and_repeats_nothing(
         stop.set()
         await flow
         await collector.wait_for(ids, 120)
-        group = env["DBB_GROUP"]
-        topic = kafka_topic(event_type)
-
-        async def all_committed() -> bool:
-            committed, ends = await _offsets(tansu_server.bootstrap, group, topic)
-            return committed == ends
-
-        deadline = time.monotonic() + 30
-        while not await all_committed():
-            assert time.monotonic() < deadline, \
-                f"left uncommitted: {await _offsets(tansu_server.bootstrap, group, topic)}"
-            await asyncio.sleep(0.3)
-        await asyncio.sleep(2.0)  # a duplicate result would have arrived by now
+        # Every request committed: none can be delivered again, and a duplicate's result was
+        # produced before its offset was committed; then the collector has read them all.
+        await settled_kafka_group(tansu_server.bootstrap, env["DBB_GROUP"],
+                                  kafka_topic(event_type), 30)
+        await results_read(tansu_server.url, event_type, collector)
     _, ends = await _offsets(tansu_server.bootstrap, env["DBB_GROUP"], kafka_topic(event_type))
     assert all(ends[p] > 0 for p in range(PARTITIONS)), f"not every partition was used: {ends}"
     _assert_answers(collector, ids, exactly_once=leave == "sigterm")
