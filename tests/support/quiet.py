@@ -1,12 +1,15 @@
 """Positive signals for "expect nothing more" checks: instead of sleeping and hoping a slow machine
 has finished, wait until the broker shows that nothing is left that could still produce a result.
 
-- ``settled_redis_group``: the consumer group has been handed every entry of the stream (lag 0)
-  and has acked them all (``XPENDING`` count 0), so no request can be delivered again.
+- ``settled_stream_group`` (any redis-py asyncio client, a cluster's too) and
+  ``settled_redis_group`` (a server's URL): the consumer group has been handed every entry of the
+  stream (lag 0) and has acked them all (``XPENDING`` count 0), so no request can be delivered
+  again.
 - ``settled_kafka_group``: the group's committed offset equals the log end offset on every
   partition, so no request can be delivered again.
 - ``settled_group``: either of them, by the URL's scheme.
-- ``redis_results_read``: a collector has read every result on the event type's result streams.
+- ``streams_read`` and ``redis_results_read``: a collector has read every result on the result
+  streams.
 - ``results_read``: a ``Collector`` has read every result on the broker (Redis or Kafka).
 """
 
@@ -34,9 +37,14 @@ async def _until(check: Callable[[], Awaitable[bool]], what: Callable[[], Awaita
         await asyncio.sleep(0.1)
 
 
-async def settled_redis_group(url: str, stream: str, group: str, timeout: float = WAIT_S) -> None:
-    """Wait until ``group`` has been delivered every entry of ``stream`` and has acked them all."""
-    probe = redis_asyncio.Redis.from_url(url)
+#: A redis-py asyncio client, of one server or of a Redis Cluster.
+RedisProbe = redis_asyncio.Redis | redis_asyncio.RedisCluster
+
+
+async def settled_stream_group(probe: RedisProbe, stream: str, group: str,
+                               timeout: float = WAIT_S) -> None:
+    """Wait until ``group`` has been delivered every entry of the stream key ``stream`` (lag 0)
+    and has acked them all (``XPENDING`` count 0)."""
 
     async def state() -> tuple[int, int | None]:
         pending = int((await probe.xpending(stream, group))["pending"])
@@ -51,8 +59,14 @@ async def settled_redis_group(url: str, stream: str, group: str, timeout: float 
         pending, lag = await state()
         return f"group {group} on {stream} to settle (pending {pending}, lag {lag})"
 
+    await _until(settled, what, timeout)
+
+
+async def settled_redis_group(url: str, stream: str, group: str, timeout: float = WAIT_S) -> None:
+    """``settled_stream_group`` on the single Redis server at ``url``."""
+    probe = redis_asyncio.Redis.from_url(url)
     try:
-        await _until(settled, what, timeout)
+        await settled_stream_group(probe, stream, group, timeout)
     finally:
         await probe.aclose()
 
@@ -97,15 +111,13 @@ async def settled_group(url: str, event_type: str, group: str, timeout: float = 
         await settled_redis_group(url, event_type, group, timeout)
 
 
-async def redis_results_read(url: str, event_type: str, count: Callable[[], int],
-                             timeout: float = WAIT_S) -> None:
-    """Wait until ``count()`` (results a collector has read) reaches the number of entries on
-    ``event_type``'s completed and failed streams: the collector has read every result there is."""
-    probe = redis_asyncio.Redis.from_url(url)
+async def streams_read(probe: RedisProbe, streams: list[str], count: Callable[[], int],
+                       timeout: float = WAIT_S) -> None:
+    """Wait until ``count()`` (results a collector has read) reaches the number of entries on the
+    stream keys ``streams``: the collector has read every result there is."""
 
     async def on_streams() -> int:
-        return sum([int(await probe.xlen(completed_topic(event_type))),
-                    int(await probe.xlen(failed_topic(event_type)))])
+        return sum([int(await probe.xlen(stream)) for stream in streams])
 
     async def read_all() -> bool:
         return count() >= await on_streams()
@@ -113,8 +125,16 @@ async def redis_results_read(url: str, event_type: str, count: Callable[[], int]
     async def what() -> str:
         return f"the collector to read all {await on_streams()} results (it has {count()})"
 
+    await _until(read_all, what, timeout)
+
+
+async def redis_results_read(url: str, event_type: str, count: Callable[[], int],
+                             timeout: float = WAIT_S) -> None:
+    """``streams_read`` of ``event_type``'s completed and failed streams on the server at ``url``."""
+    probe = redis_asyncio.Redis.from_url(url)
     try:
-        await _until(read_all, what, timeout)
+        await streams_read(probe, [completed_topic(event_type), failed_topic(event_type)], count,
+                           timeout)
     finally:
         await probe.aclose()
 
