@@ -16,6 +16,7 @@ from tests.support.processes import (
     read_calls,
     wait_until,
 )
+from tests.support.quiet import results_read, settled_group
 
 pytestmark = pytest.mark.slow
 
@@ -54,7 +55,10 @@ async def test_two_workers_share_the_group_and_answer_each_request_once(
         ids = [await client.publish(event_type, {"input": f"topic {i}"}, request_id=f"r{i}")
                for i in range(30)]
         await collector.wait_for(ids, 120)
-        await asyncio.sleep(2.0)  # any duplicate would arrive by now
+        # Every request acked (Redis) or committed (Kafka): none can be delivered again, and the
+        # results of any that ran twice were published before that.
+        await settled_group(durable_url, event_type, env["DBB_GROUP"])
+        await results_read(durable_url, event_type, collector)
     counts = collector.counts()
     assert all(counts[i] == 1 for i in ids), counts
     pids = {c["pid"] for c in read_calls(tmp_path / "calls.log")}

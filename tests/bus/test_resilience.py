@@ -74,7 +74,8 @@ async def test_a_failed_settle_is_retried_until_it_lands_exactly_once(
     async with running(bus(broker)):
         await publish(broker, {"input": "t"}, "retry-1")
         await wait_until(lambda: broker.log(completed_topic(TOPIC)))
-        await asyncio.sleep(0.7)  # past claim_idle_s: nothing is handed out again
+        # Acked: nothing pending is left to be claimed and handed out again.
+        await wait_until(lambda: pending(broker) == 0)
     assert [b["requestId"] for b in bodies(broker, completed_topic(TOPIC))] == ["retry-1"]
     assert pending(broker) == 0
     assert len(messages(caplog, "WARNING", "could not settle")) == 1  # one line per delivery
@@ -100,7 +101,8 @@ async def test_a_retried_ack_that_had_landed_publishes_nothing_twice() -> None:
     async with running(app):
         await publish(broker, {"input": "t"}, "lost-1")
         await wait_until(lambda: broker.log(completed_topic(TOPIC)))
-        await asyncio.sleep(0.7)
+        # Acked: nothing pending is left to be claimed and handed out again.
+        await wait_until(lambda: pending(broker) == 0)
     assert len(broker.log(completed_topic(TOPIC))) == 1
     assert pending(broker) == 0
 
@@ -322,7 +324,8 @@ async def test_deeply_nested_json_is_settled_at_once(body: bytes, where: str, re
         await MemoryTransport(broker).publish(Outgoing(TOPIC, body))
         topic = failed_topic(TOPIC) if where == "failed" else dlq_topic(TOPIC)
         await wait_until(lambda: broker.log(topic))
-        await asyncio.sleep(0.5)  # past claim_idle_s: no redelivery follows
+        # Acked: nothing pending is left to be claimed and handed out again.
+        await wait_until(lambda: pending(broker) == 0)
     assert calls == 0
     assert len(broker.log(topic)) == 1
     assert pending(broker) == 0

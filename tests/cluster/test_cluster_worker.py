@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from tests.support.cluster import RedisClusterServers
 from tests.support.processes import (
     WorkerProcess,
@@ -19,7 +20,11 @@ from tests.support.processes import (
     read_calls,
     wait_until,
 )
+from tests.support.quiet import settled_stream_group, streams_read
 from tests.support.servers import free_port
+
+from debatebus._redis import cluster_key
+from debatebus.schemas.envelope import completed_topic, failed_topic
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -47,7 +52,17 @@ async def test_a_killed_workers_debates_resume_on_another_worker(
             killed = workers[0].pid
             workers.append(WorkerProcess(env, tmp_path / "second.log"))
             await collector.wait_for(ids, 120)
-            await asyncio.sleep(2.0)  # a duplicate result would show up by now
+            # Every request delivered and acked: none can run again, and a duplicate's result
+            # was written before that; then the collector has read every result there is.
+            probe = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port)
+                                                for port in redis_cluster.ports])
+            try:
+                await settled_stream_group(probe, cluster_key(event_type), env["DBB_GROUP"])
+                await streams_read(probe, [cluster_key(completed_topic(event_type)),
+                                           cluster_key(failed_topic(event_type))],
+                                   lambda: len(collector.results))
+            finally:
+                await probe.aclose()
     finally:
         for worker in workers:
             worker.stop()

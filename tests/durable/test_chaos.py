@@ -24,6 +24,7 @@ from tests.support.processes import (
     env_for,
     read_calls,
 )
+from tests.support.quiet import results_read, settled_group
 
 from debatebus.client import BusClient
 
@@ -94,7 +95,10 @@ async def test_chaos_kills_lose_nothing_and_repeat_nothing(chaos_url: str, redis
                                         request_id=f"{event_type}-{i}") for i in range(DEBATES)]
             killed = await _chaos(workers, env, tmp_path, rng)
             await collector.wait_for(ids, 240)
-            await asyncio.sleep(3.0)  # a duplicate result would show up by now
+            # Every request acked (Redis) or committed (Kafka): none can be delivered again, and
+            # a duplicate's result was published before that; then the collector has read them all.
+            await settled_group(chaos_url, event_type, env["DBB_GROUP"], 120)
+            await results_read(chaos_url, event_type, collector)
             counts = collector.counts()
             answered = list(collector.results)
             finals = {e.request_id: e for e in answered}

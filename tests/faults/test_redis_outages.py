@@ -19,6 +19,7 @@ from tests.support.faults import (
     wait_answered,
 )
 from tests.support.processes import WorkerProcess, committed_round_reruns, env_for
+from tests.support.quiet import settled_redis_group
 from tests.support.servers import RedisServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -43,7 +44,9 @@ def _requests(tag: str, n: int = N) -> list[tuple[str, dict[str, object]]]:
 async def _settled_checks(server: RedisServer, event_type: str, env: dict[str, str],
                           worker: WorkerProcess, ids: list[str], timeout: float) -> None:
     await wait_answered(server, event_type, ids, timeout, worker, env["DBB_GROUP"])
-    await asyncio.sleep(2.0)  # a duplicate, if any, lands by now
+    # Every request delivered and acked: none can run again, and a duplicate's result was
+    # written before its request was acked.
+    await settled_redis_group(server.url, event_type, env["DBB_GROUP"], timeout)
     results = await asyncio.to_thread(stream_results, server, event_type)
     assert_exactly_once(results, ids)
     stuck = await asyncio.to_thread(pending, server, event_type, env["DBB_GROUP"])

@@ -20,6 +20,7 @@ from debatebus.llm._openai_compat import OpenAICompatibleLLM
 from debatebus.llm._rate_limits import with_rate_limits
 from debatebus.llm._ratelimit import (
     MemoryRateLimiter,
+    Permit,
     RateLimit,
     RateLimitedLLM,
     RateLimiter,
@@ -66,6 +67,22 @@ async def warm(limiter: RateLimiter) -> RateLimiter:
     not a first connection: ``penalize(0)`` takes nothing and pauses nobody."""
     await limiter.penalize(0)
     return limiter
+
+
+def refusals(limiter: RateLimiter) -> asyncio.Event:
+    """An event set once one of the limiter's non-blocking attempts (its subclass hook
+    ``_try_acquire``) has answered "wait": the positive sign that an ask was made and refused."""
+    refused = asyncio.Event()
+    attempt = limiter._try_acquire
+
+    async def counted(permit: Permit, requests: int) -> float:
+        wait = await attempt(permit, requests)
+        if wait > 0:
+            refused.set()
+        return wait
+
+    limiter._try_acquire = counted  # type: ignore[method-assign]
+    return refused
 
 
 async def still_waiting(limiter: RateLimiter, **kwargs: int) -> bool:
@@ -161,8 +178,10 @@ async def test_penalize_pauses_every_caller(make: Factory) -> None:
 async def test_max_concurrent_holds_until_release(make: Factory) -> None:
     limiter = make(RateLimit(max_concurrent=2))
     first, _second = await limiter.acquire(), await limiter.acquire()
+    refused = refusals(limiter)
     third = asyncio.create_task(limiter.acquire())
-    await asyncio.sleep(0.2)
+    # The limiter has answered the third's ask with "wait" (not merely not got to it yet).
+    await asyncio.wait_for(refused.wait(), 5.0)
     assert not third.done()
     await limiter.release(first)
     await limiter.release(first)  # a permit releases once

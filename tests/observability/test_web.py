@@ -360,6 +360,7 @@ class Holds:
 
     def __init__(self, *rounds: int) -> None:
         self.gates = {number: asyncio.Event() for number in rounds}
+        self.reached = {number: asyncio.Event() for number in rounds}  # the worker waits there
 
     def release(self, number: int) -> None:
         self.gates[number].set()
@@ -367,6 +368,7 @@ class Holds:
     async def answer(self, request: LLMRequest) -> Any:
         gate = self.gates.get(request.round)
         if gate is not None and request.speaker == "optimist":
+            self.reached[request.round].set()
             await gate.wait()
         await asyncio.sleep(0.4)  # a slow model: turns arrive one by one
         if request.purpose == "judge":
@@ -400,7 +402,10 @@ async def test_page_shows_a_debate_arriving_live_in_chromium(redis_server: Any, 
         page = await browser.open(f"{base}/?token={TOKEN}#debate={request_id}")
 
         round_one = await page.wait_for(lambda s: s.get("turns") == 2 and s["verdicts"] == 1)
-        await asyncio.sleep(0.5)  # the worker is held: nothing more can arrive
+        # The worker is held before round 2's first turn, and the page shows round 2's start
+        # (events arrive in order): it has everything the worker published, and no more can come.
+        await asyncio.wait_for(holds.reached[2].wait(), TIMEOUT)
+        await page.wait_for(lambda s: s.get("rounds") == ["Round 1", "Round 2"])
         held = await page.evaluate(PAGE_STATE)
         await page.screenshot(ARTIFACTS / "web-live-debate-round-1.png")
         holds.release(2)

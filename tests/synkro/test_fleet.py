@@ -157,18 +157,38 @@ async def counters(redis: Redis, event_type: str) -> dict[str, int]:
     return {n: int(v or 0) for n, v in zip(names, values, strict=True)}
 
 
+async def answered_and_unlocked(redis: Redis, event_type: str, rids: list[str]) -> None:
+    """Wait until every request's dedupe key is set and no lock is held: a second answer would
+    need a claim, and from then on every claim finds the request answered (a lock is deleted only
+    after its dedupe key is set, so any second answer was published before this returns)."""
+    async def settled() -> bool:
+        return all([await redis.get(dedupe_key(rid, event_type)) == "1"
+                    and not await redis.exists(lock_key(rid, event_type)) for rid in rids])
+
+    for _ in range(int(TIMEOUT / 0.05)):  # the broker's keys, polled: nothing to await on
+        if await settled():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"requests not all answered and unlocked within {TIMEOUT} s")
+
+
 async def test_two_workers_answer_each_request_once_with_one_debate_run(
         url: str, redis: Redis, event_type: str) -> None:
     runs = Runs()
     done = f"event:{event_type}:completed"
     rids = [f"r-{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
+    marker = f"marker:{event_type}"
     async with running(worker(url, event_type, runs)), running(worker(url, event_type, runs)), \
-            watching(redis, done) as watcher:
+            watching(redis, done, marker) as watcher:
         await listening(redis, event_type, 2)
         for rid in rids:
             await publish(redis, event_type, rid, {"input": "Adopt Kafka?", "team": "core"})
         results = await watcher.until(len(rids), done)
-        await asyncio.sleep(0.5)  # a second answer would arrive now
+        await answered_and_unlocked(redis, event_type, rids)
+        # Pub/sub hands one subscriber its messages in publish order: once the watcher has the
+        # marker, it has every answer published before it.
+        await redis.publish(marker, json.dumps({"marker": 1}))
+        await watcher.until(1, marker)
         assert sorted(m["requestId"] for m in watcher.on(done)) == sorted(rids)
         assert runs.debates == len(rids)
         # the same requestId again, within the dedupe TTL: ignored, as Synkro does

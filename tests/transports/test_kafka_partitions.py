@@ -25,6 +25,7 @@ from tests.support.processes import (
     env_for,
     read_calls,
 )
+from tests.support.quiet import kafka_offsets, results_read, settled_kafka_group
 from tests.support.servers import RedisServer, TansuServer
 from tests.support.transports import GROUP_OPTIONS, WAIT, Reader, committed
 
@@ -120,21 +121,6 @@ def workers() -> Iterator[dict[str, WorkerProcess]]:
         w.stop()
 
 
-async def _offsets(bootstrap: str, group: str, topic: str) -> tuple[dict[int, int], dict[int, int]]:
-    """The group's committed offset and the log end of every partition of ``topic``, read by a
-    consumer that does not join the group (so it causes no rebalance)."""
-    reader = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
-                              enable_auto_commit=False)
-    await reader.start()
-    try:
-        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        ends = await reader.end_offsets(tps)
-        committed = {tp.partition: await reader.committed(tp) or 0 for tp in tps}
-        return committed, {tp.partition: ends[tp] for tp in tps}
-    finally:
-        await reader.stop()
-
-
 async def _flow(client: BusClient, event_type: str, ids: list[str], per_s: float,
                 until: asyncio.Event) -> None:
     """Publish ``per_s`` requests a second until ``until`` is set, recording their ids."""
@@ -191,21 +177,13 @@ async def test_rebalance_during_load_loses_nothing_and_repeats_nothing(
         stop.set()
         await flow
         await collector.wait_for(ids, 120)
-        group = env["DBB_GROUP"]
-        topic = kafka_topic(event_type)
-
-        async def all_committed() -> bool:
-            committed, ends = await _offsets(tansu_server.bootstrap, group, topic)
-            return committed == ends
-
-        deadline = time.monotonic() + 30
-        while not await all_committed():
-            assert time.monotonic() < deadline, \
-                f"left uncommitted: {await _offsets(tansu_server.bootstrap, group, topic)}"
-            await asyncio.sleep(0.3)
-        await asyncio.sleep(2.0)  # a duplicate result would have arrived by now
-    _, ends = await _offsets(tansu_server.bootstrap, env["DBB_GROUP"], kafka_topic(event_type))
-    assert all(ends[p] > 0 for p in range(PARTITIONS)), f"not every partition was used: {ends}"
+        # Every request committed: none can be delivered again, and a duplicate's result was
+        # produced before its offset was committed; then the collector has read them all.
+        await settled_kafka_group(tansu_server.bootstrap, env["DBB_GROUP"],
+                                  kafka_topic(event_type), 30)
+        await results_read(tansu_server.url, event_type, collector)
+    _, ends = await kafka_offsets(tansu_server.bootstrap, env["DBB_GROUP"], kafka_topic(event_type))
+    assert all(ends.get(p, 0) > 0 for p in range(PARTITIONS)), f"not every partition was used: {ends}"
     _assert_answers(collector, ids, exactly_once=leave == "sigterm")
     _assert_calls(calls, ids, killed=leave == "sigkill")
     pids = _pids_calling(calls)
