@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import socket
 import time
 import uuid
 from typing import Any
@@ -343,7 +344,7 @@ class _StaleRead(ClusterMap):
     """A slot map whose first read is from before a failover it missed: every slot on a
     master that is gone, whose replica is gone too (nothing listens on their ports)."""
 
-    gone = (f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}")
+    gone: tuple[str, ...] = ()  # set by the test to ports bound but not listening
     reads = 0
 
     async def read(self) -> Any:
@@ -365,6 +366,12 @@ async def test_commands_a_dead_master_could_not_take_go_where_the_seeds_say(
     to any node the map names: the commands, never sent, wait while the map is read again from
     the URL's seeds, then go to the live masters; the dead nodes are forgotten."""
     url = redis_cluster.url
+    # Ports held bound but not listening refuse connections, and no other test's server can
+    # take them meanwhile (a port merely found free could be, and then take the commands).
+    held = [socket.socket(), socket.socket()]
+    for sock in held:
+        sock.bind(("127.0.0.1", 0))
+    _StaleRead.gone = tuple(f"127.0.0.1:{sock.getsockname()[1]}" for sock in held)
     client = build_client(url, connect_timeout=1.0)  # never initialized: it knows no node
     batcher = _StaleFirst(client, "test", timeout=5.0, seeds=seed_names(url))
     batcher.start()
@@ -379,6 +386,8 @@ async def test_commands_a_dead_master_could_not_take_go_where_the_seeds_say(
     finally:
         await batcher.stop()
         await client.aclose()
+        for sock in held:
+            sock.close()
 
 
 async def test_a_job_whose_commands_all_fail_leaves_no_error_unread(
