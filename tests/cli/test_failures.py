@@ -71,6 +71,12 @@ async def test_failures_and_dead_letters_of_a_worker_newest_last(
         await wait_for(client.transport, failed_topic(event_type), 1)
         await client.transport.publish(Outgoing(event_type, b"{not json"))
         await wait_for(client.transport, dlq_topic(event_type), 1)
+        # Failures are ordered by their entries' times (milliseconds): the next one must be
+        # stamped after the dead letter, not in its millisecond (which stream is read first
+        # would then decide).
+        (dead,) = [d async for d in client.transport.read_range(dlq_topic(event_type))]
+        while time.time() * 1000 <= int(dead.id.split("-")[0]) + 1:  # noqa: ASYNC110 - the clock
+            await asyncio.sleep(0.001)
         await client.transport.publish(Outgoing(failed_topic(event_type),
                                                 failed_result("r-key", f"401 for key {SECRET}")))
         found = await list_failures(client.transport, event_type, since=parse_since("1h"))
