@@ -24,6 +24,8 @@ from tests.support.bus import make_debate, running
 
 from debatebus._worker import DebateBus
 from debatebus.llm import LLMRequest
+from debatebus.observability import Observer, RequestContext, Settlement
+from debatebus.schemas.result import HandlerResult
 from debatebus.testing import FunctionLLM
 from debatebus.transports._synkro import (
     SynkroSettings,
@@ -157,6 +159,26 @@ async def counters(redis: Redis, event_type: str) -> dict[str, int]:
     return {n: int(v or 0) for n, v in zip(names, values, strict=True)}
 
 
+class Settled(Observer):
+    """Counts the deliveries the workers it observes have settled, however: an answer, or a
+    duplicate left alone (no trace on the broker, but the worker's observer sees it settled)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._changed = asyncio.Event()
+
+    def request_finished(self, ctx: RequestContext, outcome: Settlement,
+                         result: HandlerResult | None, duration_s: float) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def reach(self, count: int) -> None:
+        async with asyncio.timeout(TIMEOUT):
+            while self.count < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+
 async def answered_and_unlocked(redis: Redis, event_type: str, rids: list[str]) -> None:
     """Wait until every request's dedupe key is set and no lock is held: a second answer would
     need a claim, and from then on every claim finds the request answered (a lock is deleted only
@@ -178,7 +200,9 @@ async def test_two_workers_answer_each_request_once_with_one_debate_run(
     done = f"event:{event_type}:completed"
     rids = [f"r-{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
     marker = f"marker:{event_type}"
-    async with running(worker(url, event_type, runs)), running(worker(url, event_type, runs)), \
+    settled = Settled()
+    async with running(worker(url, event_type, runs, observers=[settled])), \
+            running(worker(url, event_type, runs, observers=[settled])), \
             watching(redis, done, marker) as watcher:
         await listening(redis, event_type, 2)
         for rid in rids:
@@ -193,7 +217,9 @@ async def test_two_workers_answer_each_request_once_with_one_debate_run(
         assert runs.debates == len(rids)
         # the same requestId again, within the dedupe TTL: ignored, as Synkro does
         await publish(redis, event_type, rids[0], {"input": "Adopt Kafka?"})
-        await asyncio.sleep(1.0)
+        await settled.reach(2 * (len(rids) + 1))  # both workers settled every message, the copy too
+        await redis.publish(marker, json.dumps({"marker": 2}))  # and any answer reached the watcher
+        await watcher.until(2, marker)
         assert len(watcher.on(done)) == len(rids)
         assert runs.debates == len(rids)
     assert all(m["payload"]["team"] == "core" for m in results)
@@ -250,20 +276,25 @@ async def test_a_synkro_instance_and_a_debatebus_worker_answer_each_request_once
     rids = [f"m-{i}-{uuid.uuid4().hex[:6]}" for i in range(8)]
     held, answered_before = f"held-{uuid.uuid4().hex[:6]}", f"old-{uuid.uuid4().hex[:6]}"
     member = asyncio.create_task(synkro_instance(redis, event_type, by_synkro, ready))
+    settled, marker = Settled(), f"marker:{event_type}"
     try:
-        async with running(worker(url, event_type, runs)), watching(redis, done) as watcher:
+        async with running(worker(url, event_type, runs, observers=[settled])), \
+                watching(redis, done, marker) as watcher:
             await ready.wait()
             await listening(redis, event_type, 2)
             for rid in rids:
                 await publish(redis, event_type, rid, {"input": "Monolith?"})
             await watcher.until(len(rids), done)
+            await settled.reach(len(rids))  # the worker settled (answered or left) every one
             # Keys another member wrote: a lock it holds, a request it answered.
             await redis.set(lock_key(held, event_type), "1", ex=300)
             await redis.set(dedupe_key(answered_before, event_type), "1", ex=86400)
             member.cancel()  # from here the debatebus worker is alone on the channel
             await publish(redis, event_type, held, {"input": "Monolith?"})
             await publish(redis, event_type, answered_before, {"input": "Monolith?"})
-            await asyncio.sleep(1.0)
+            await settled.reach(len(rids) + 2)  # both left alone: no trace but the settling
+            await redis.publish(marker, json.dumps({"marker": 1}))
+            await watcher.until(1, marker)
             assert len(watcher.on(done)) == len(rids)
             await redis.delete(lock_key(held, event_type))  # its holder let go without answering
             await publish(redis, event_type, held, {"input": "Monolith?"})
@@ -331,11 +362,14 @@ async def test_events_are_read_by_a_consumer_that_dedupes_by_request_id(
         url: str, redis: Redis, event_type: str) -> None:
     events, done = f"{event_type}:events", f"event:{event_type}:completed"
     app = worker(url, event_type, Runs(), publish_events=True, events_topic=events)
-    async with running(app), watching(redis, events, done) as watcher:
+    marker = f"marker:{event_type}"
+    async with running(app), watching(redis, events, done, marker) as watcher:
         await listening(redis, event_type, 1)
         await publish(redis, event_type, "ev-1", {"input": "Adopt Kafka?"})
         await watcher.until(1, done)
-        await asyncio.sleep(0.2)
+        # One subscriber gets its messages in publish order: with the marker, every event.
+        await redis.publish(marker, json.dumps({"marker": 1}))
+        await watcher.until(1, marker)
     seen = [m for c, m in watcher.synkro_view if c == events]
     assert len(seen) == len(watcher.on(events)) > 3  # Synkro's subscriber drops none of them
     assert [m["requestId"] for m in seen] == [f"ev-1:{i}" for i in range(1, len(seen) + 1)]
