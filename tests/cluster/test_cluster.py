@@ -28,7 +28,7 @@ from debatebus._redis import (
     split_cluster,
     split_seeds,
 )
-from debatebus._redis._topology import ClusterMap
+from debatebus._redis.topology import ClusterMap
 from debatebus.exceptions import ConfigError, TransportError
 from debatebus.llm._ratelimit import RateLimit
 from debatebus.llm._ratelimit_redis import RedisRateLimiter

@@ -10,7 +10,7 @@ from typing import Any
 from redis.asyncio import RedisCluster
 
 from debatebus._redis import NotSentError
-from debatebus._redis._topology import ClusterMap
+from debatebus._redis.topology import ClusterMap
 from debatebus.exceptions import DebatebusError, TransportError
 
 

@@ -478,7 +478,7 @@ async def test_read_range_pages_through_a_stream(streams: RedisStreamsTransport,
 def test_our_command_packer_writes_what_redis_py_writes() -> None:
     from redis.asyncio.connection import Connection
 
-    from debatebus._redis._connection import pack_commands
+    from debatebus._redis.connection import pack_commands
 
     commands = [("MULTI",), ("XADD", "debate:é", "MAXLEN", "~", 1000, "*", b"envelope", b"\x00\xff"),
                 ("XACK", "debate:é", "workers", "1-0", "2-0"), ("EXEC",)]

@@ -37,9 +37,8 @@ from debatebus._redis import (
     RedisClient,
     Script,
     build_client,
-    connect_check,
     describe,
-    make_batcher,
+    open_batcher,
     redis_call,
     seed_names,
     url_or_given,
@@ -195,14 +194,11 @@ class RedisCheckpointStore(CheckpointStore):
         client = self._given or build_client(self._url or "", connect_timeout=self._connect_timeout)
         # The hot-path commands go through the transports' batcher: every call made by any
         # debate in one loop tick is one pipelined round trip.
-        batch = make_batcher(client, self._where, timeout=self.timeout_s,
-                             seeds=seed_names(self._url))
-        batch.start()
         try:
             # Fail at startup, with a clear message, not mid-debate.
-            await connect_check(batch, self._where, self.timeout_s)
+            batch = await open_batcher(client, self._where, timeout=self.timeout_s,
+                                       seeds=seed_names(self._url))
         except BaseException:
-            await batch.stop()
             if self._given is None:
                 await client.aclose()
             raise

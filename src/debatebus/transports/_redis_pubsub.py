@@ -60,10 +60,9 @@ from debatebus._redis import (
     build_client,
     check_client,
     cluster_url,
-    connect_check,
     describe,
     is_cluster,
-    make_batcher,
+    open_batcher,
     redis_call,
     seed_names,
 )
@@ -139,11 +138,9 @@ class RedisPubSubTransport(Transport):
             return
         if self._client is None:
             self._client = build_client(self._url, connect_timeout=self._connect_timeout)
-        batcher = make_batcher(self._client, self._where, timeout=self._timeout,
-                               seeds=seed_names(self._url))
-        batcher.start()
+        batcher = await open_batcher(self._client, self._where, timeout=self._timeout,
+                                     seeds=seed_names(self._url))
         try:
-            await connect_check(batcher, self._where, self._timeout)
             self._tell_db(self._client)
             dead = RedisStreamsTransport(self._url, client=self._client,
                                          command_timeout=self._timeout,

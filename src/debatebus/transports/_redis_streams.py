@@ -69,10 +69,9 @@ from debatebus._redis import (
     check_client,
     check_one_slot,
     cluster_url,
-    connect_check,
     describe,
     is_cluster,
-    make_batcher,
+    open_batcher,
     seed_names,
     stream_key_rule,
 )
@@ -175,14 +174,8 @@ class RedisStreamsTransport(Transport):
             return
         if link.client is None:
             link.client = build_client(self._url, connect_timeout=self._connect_timeout)
-        batcher = make_batcher(link.client, link.where, timeout=link.timeout,
-                               seeds=seed_names(self._url))
-        batcher.start()
-        try:
-            await connect_check(batcher, link.where, link.timeout)
-        except BaseException:
-            await batcher.stop()
-            raise
+        batcher = await open_batcher(link.client, link.where, timeout=link.timeout,
+                                     seeds=seed_names(self._url))
         link.closed, link.batcher = False, batcher
         self._groups.start()
 

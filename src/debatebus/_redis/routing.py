@@ -40,12 +40,12 @@ from redis.asyncio.connection import Connection
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from debatebus._backoff import Backoff
-from debatebus._redis._batcher import Check, CommandBatcher, NotSentError
-from debatebus._redis._clients import RedisClient, is_cluster
-from debatebus._redis._connection import Command
-from debatebus._redis._errors import no_such_db, redis_call
-from debatebus._redis._keys import command_slot
-from debatebus._redis._topology import ClusterMap
+from debatebus._redis.batcher import Check, CommandBatcher, NotSentError
+from debatebus._redis.clients import RedisClient, is_cluster
+from debatebus._redis.connection import Command
+from debatebus._redis.errors import no_such_db, redis_call
+from debatebus._redis.keys import command_slot
+from debatebus._redis.topology import ClusterMap
 from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 
 T = TypeVar("T")
@@ -361,6 +361,20 @@ class ClusterBatcher:
             self._forget(name)
         for call in parked:
             self._route(call)
+
+
+async def open_batcher(client: RedisClient, where: str, *, timeout: float,
+                       seeds: Sequence[str] = ()) -> Batcher:
+    """``make_batcher``'s batcher, started and through ``connect_check``; stopped again when the
+    check fails."""
+    batcher = make_batcher(client, where, timeout=timeout, seeds=seeds)
+    batcher.start()
+    try:
+        await connect_check(batcher, where, timeout)
+    except BaseException:
+        await batcher.stop()
+        raise
+    return batcher
 
 
 async def connect_check(batcher: Batcher, where: str, timeout: float) -> None:

@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from debatebus._redis._connection import Command, Endpoint, Pipeline, Wire, open_wire
-from debatebus._redis._errors import transport_error
+from debatebus._redis.connection import Command, Endpoint, Pipeline, Wire, open_wire
+from debatebus._redis.errors import transport_error
 from debatebus.exceptions import ConfigError, DebatebusError, TransportError
 
 T = TypeVar("T")

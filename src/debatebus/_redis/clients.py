@@ -27,8 +27,8 @@ from redis.exceptions import DataError
 
 from debatebus._backoff import full_jitter
 from debatebus._redaction import redact
-from debatebus._redis._connection import pack_command
-from debatebus._redis._urls import split_cluster, split_seeds
+from debatebus._redis.connection import pack_command
+from debatebus._redis.urls import split_cluster, split_seeds
 from debatebus._retention import TOPIC_RETENTION_PARAM, take_retention
 from debatebus.exceptions import ConfigError
 

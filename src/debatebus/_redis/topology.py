@@ -26,8 +26,8 @@ from redis.asyncio import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from debatebus._backoff import Backoff
-from debatebus._redis._batcher import NotSentError
-from debatebus._redis._errors import transport_error
+from debatebus._redis.batcher import NotSentError
+from debatebus._redis.errors import transport_error
 from debatebus.exceptions import DebatebusError, TransportError
 
 #: Map reads less than _CALM_S after the last one wait first: 50 ms, then twice as long each

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from redis import exceptions as redis_errors
 
-from debatebus._redis._connection import Command
+from debatebus._redis.connection import Command
 from debatebus.exceptions import TransportError
 
 

@@ -33,7 +33,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import ConnectionPool
 from redis.asyncio.connection import SSLConnection
 
-from debatebus._redis._errors import transport_error
+from debatebus._redis.errors import transport_error
 from debatebus.exceptions import ConfigError
 
 #: A command as its arguments: ``("XADD", stream, "*", field, value…)``; str, bytes or int.

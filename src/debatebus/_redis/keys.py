@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from redis.crc import key_slot
 
-from debatebus._redis._connection import Command
+from debatebus._redis.connection import Command
 from debatebus.exceptions import ConfigError
 
 T = TypeVar("T")
